@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on every available backend, installing what it needs first.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" test
+# Every backend the machine has must be tested: fail rather than silently test cpu only.
+.venv/bin/python -c 'import ember; b = ember.available_backends(); print("backends:", b); assert "wgpu" in b, "no wgpu adapter"'
+.venv/bin/python -m ruff check src tests bench tools
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# The GPU kernels again with checked shader modules: an out-of-bounds access fails here instead of
+# corrupting memory in trusted mode.
+EMBER_CHECKED_SHADERS=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/backend -k wgpu

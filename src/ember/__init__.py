@@ -1,0 +1,16 @@
+"""ember: run neural networks on any vendor's GPU through WebGPU, with a numpy CPU backend."""
+
+from .backends import (
+    BinaryOp,
+    ComputeBackend,
+    OutOfMemoryError,
+    ReduceOp,
+    UnaryOp,
+    available_backends,
+    backend,
+)
+
+__version__ = "0.1.0"
+
+__all__ = ["BinaryOp", "ComputeBackend", "OutOfMemoryError", "ReduceOp", "UnaryOp", "__version__",
+           "available_backends", "backend"]

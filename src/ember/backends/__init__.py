@@ -1,0 +1,46 @@
+"""Backend registry: which backends exist, which work on this machine, and how to get one."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .base import BinaryOp, ComputeBackend, OutOfMemoryError, ReduceOp, UnaryOp, View
+
+ALIASES = {"gpu": "wgpu", "webgpu": "wgpu", "numpy": "cpu", "wgpu": "wgpu", "cpu": "cpu"}
+ORDER = ["wgpu", "cpu"]  # best first
+
+__all__ = ["ALIASES", "BinaryOp", "ComputeBackend", "OutOfMemoryError", "ReduceOp", "UnaryOp", "View",
+           "available_backends", "backend", "canonical_name"]
+
+
+def canonical_name(name: str) -> str:
+    if not isinstance(name, str) or name.lower() not in ALIASES:
+        valid = ", ".join(["auto", *sorted(ALIASES)])
+        raise ValueError(f"unknown backend {name!r}; valid names: {valid}")
+    return ALIASES[name.lower()]
+
+
+def available_backends() -> list[str]:
+    """Backends usable on this machine, best first; wgpu only where an adapter can be created."""
+    from .wgpu.device import adapters_available
+
+    return [b for b in ORDER if b != "wgpu" or adapters_available()]
+
+
+def backend(name: str = "auto", **opts: Any) -> ComputeBackend:
+    """An initialised backend. "auto" = EMBER_BACKEND if set, else the best available one."""
+    if name == "auto":
+        name = os.environ.get("EMBER_BACKEND", "").strip() or available_backends()[0]
+        if name == "auto":
+            name = available_backends()[0]
+    name = canonical_name(name)
+    if name == "cpu":
+        from .cpu import CpuBackend
+
+        if opts:
+            raise ValueError(f"cpu backend takes no options, got {sorted(opts)}")
+        return CpuBackend().init()
+    from .wgpu import WgpuBackend
+
+    return WgpuBackend(**opts).init()

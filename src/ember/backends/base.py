@@ -1,0 +1,433 @@
+"""The ComputeBackend contract shared by the `cpu` and `wgpu` backends.
+
+Every public method validates its arguments here, once, then asks the backend to *record* the work as
+steps and executes them. The ONNX runtime uses the same record methods at load time to build a static
+plan, so a model run is a replay of steps recorded once (see ember.plan).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .expr import call, inp
+
+F32 = 4  # bytes per float32 element
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+    MEAN = "mean"
+
+
+class UnaryOp(enum.Enum):
+    RELU = "relu"
+    SIGMOID = "sigmoid"
+    TANH = "tanh"
+    EXP = "exp"
+    LOG = "log"
+    SQRT = "sqrt"
+    ABS = "abs"
+    NEG = "neg"
+    GELU = "gelu"
+    ERF = "erf"
+    RECIPROCAL = "reciprocal"
+    SIN = "sin"
+    COS = "cos"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    SIGN = "sign"
+
+
+class BinaryOp(enum.Enum):
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    MAX = "max"
+    MIN = "min"
+    POW = "pow"
+
+
+@dataclass(frozen=True)
+class View:
+    """A strided window on an allocation, in elements of `dtype` (the logical, numpy dtype).
+
+    Broadcasting is a stride of 0; a transpose or slice is a permutation or step in `strides`. The
+    runtime's elementwise, matmul and reduce primitives take Views, so Transpose/Expand/Slice need no copy
+    kernel of their own.
+    """
+
+    handle: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    @staticmethod
+    def contiguous(handle: int, dtype: Any, shape: Sequence[int], offset: int = 0) -> View:
+        shape = tuple(int(d) for d in shape)
+        strides, acc = [], 1
+        for d in reversed(shape):
+            strides.append(acc)
+            acc *= d
+        return View(handle, np.dtype(dtype), shape, tuple(reversed(strides)), offset)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def is_contiguous(self) -> bool:
+        return self == View.contiguous(self.handle, self.dtype, self.shape, self.offset)
+
+    def extent(self) -> int:
+        """Elements from the start of the allocation that this view can touch."""
+        if self.size == 0:
+            return 0
+        return self.offset + sum((d - 1) * s for d, s in zip(self.shape, self.strides, strict=True) if s > 0) + 1
+
+    def broadcast_to(self, shape: Sequence[int]) -> View:
+        shape = tuple(shape)
+        pad = len(shape) - len(self.shape)
+        if pad < 0:
+            raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
+        src_shape = (1,) * pad + self.shape
+        src_strides = (0,) * pad + self.strides
+        strides = []
+        for d_src, s, d in zip(src_shape, src_strides, shape, strict=True):
+            if d_src == d:
+                strides.append(s if d != 1 else 0)
+            elif d_src == 1:
+                strides.append(0)
+            else:
+                raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
+        return View(self.handle, self.dtype, shape, tuple(strides), self.offset)
+
+    def permute(self, perm: Sequence[int]) -> View:
+        return View(self.handle, self.dtype, tuple(self.shape[p] for p in perm),
+                    tuple(self.strides[p] for p in perm), self.offset)
+
+
+class OutOfMemoryError(MemoryError):
+    """The device could not provide the memory an allocation asked for."""
+
+
+def as_enum(kind: type[enum.Enum], value: Any, arg: str) -> Any:
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        try:
+            return kind(value.lower())
+        except ValueError:
+            pass
+    valid = ", ".join(m.value for m in kind)
+    raise ValueError(f"{arg}: unknown {kind.__name__} {value!r}; valid: {valid}")
+
+
+def check_dim(value: Any, arg: str, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{arg} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{arg} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_pair(value: Any, arg: str, *, minimum: int) -> tuple[int, int]:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (value, value)
+    if not isinstance(value, Sequence) or len(value) != 2:
+        raise ValueError(f"{arg} must be an int or a pair of ints, got {value!r}")
+    return check_dim(value[0], f"{arg}[0]", minimum=minimum), check_dim(value[1], f"{arg}[1]", minimum=minimum)
+
+
+def check_shape(shape: Any, arg: str, rank: int | None = None) -> tuple[int, ...]:
+    if not isinstance(shape, Sequence) or isinstance(shape, str):
+        raise ValueError(f"{arg} must be a sequence of ints, got {shape!r}")
+    if rank is not None and len(shape) != rank:
+        raise ValueError(f"{arg} must have {rank} dims, got {len(shape)}: {tuple(shape)}")
+    if len(shape) == 0:
+        raise ValueError(f"{arg} must have at least one dim")
+    return tuple(check_dim(d, f"{arg}[{i}]") for i, d in enumerate(shape))
+
+
+class ComputeBackend(ABC):
+    """Device memory behind opaque integer handles, and float32 compute ops over it."""
+
+    name: str = "?"
+
+    def __init__(self) -> None:
+        self._initialized = False
+        self._sizes: dict[int, int] = {}  # handle -> nbytes asked for
+        self._next_handle = 1
+
+    # ---- life cycle -------------------------------------------------------------------------------
+    def init(self) -> ComputeBackend:
+        if not self._initialized:
+            self._init_device()
+            self._initialized = True
+        return self
+
+    def is_initialized(self) -> bool:
+        return self._initialized
+
+    def _require_init(self) -> None:
+        if not self._initialized:
+            raise RuntimeError(f"backend '{self.name}' is not initialised: call init() first")
+
+    def __repr__(self) -> str:
+        state = "initialised" if self._initialized else "not initialised"
+        return f"<ember {self.name} backend, {state}, {len(self._sizes)} live allocations>"
+
+    # ---- memory -----------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> int:
+        self._require_init()
+        nbytes = check_dim(nbytes, "nbytes")
+        handle = self._next_handle
+        self._device_alloc(handle, nbytes)
+        self._next_handle += 1
+        self._sizes[handle] = nbytes
+        return handle
+
+    def free(self, handle: int) -> None:
+        self._require_init()
+        self.nbytes(handle, "handle")
+        del self._sizes[handle]
+        self._device_free(handle)
+
+    def nbytes(self, handle: Any, arg: str = "handle") -> int:
+        """Size of a live allocation; ValueError naming `arg` for anything else."""
+        if isinstance(handle, bool) or not isinstance(handle, (int, np.integer)):
+            raise ValueError(f"{arg}: a handle is an int from alloc(), got {type(handle).__name__}")
+        size = self._sizes.get(int(handle))
+        if size is None:
+            state = "freed" if 0 < handle < self._next_handle else "unknown"
+            raise ValueError(f"{arg}: handle {handle} is {state}")
+        return size
+
+    def _need(self, handle: int, arg: str, elems: int, itemsize: int = F32) -> None:
+        size = self.nbytes(handle, arg)
+        if elems * itemsize > size:
+            raise ValueError(
+                f"{arg}: allocation of {size} bytes is smaller than the {elems * itemsize} bytes "
+                f"({elems} elements) this op needs"
+            )
+
+    def copy_htod(self, dst_handle: int, src: Any) -> None:
+        self._require_init()
+        size = self.nbytes(dst_handle, "dst_handle")
+        data = memoryview(np.ascontiguousarray(src) if isinstance(src, np.ndarray) else src).cast("B")
+        if data.nbytes > size:
+            raise ValueError(f"src: {data.nbytes} bytes do not fit in dst_handle's {size} bytes")
+        self._device_write(dst_handle, 0, data)
+
+    def copy_dtoh(self, dst: Any, src_handle: int) -> None:
+        self._require_init()
+        size = self.nbytes(src_handle, "src_handle")
+        if isinstance(dst, np.ndarray):
+            if not dst.flags.c_contiguous or not dst.flags.writeable:
+                raise ValueError("dst: must be a writable C-contiguous array")
+            view = memoryview(dst.reshape(-1).view(np.uint8))
+        else:
+            view = memoryview(dst)
+            if view.readonly:
+                raise ValueError("dst: must be writable")
+            view = view.cast("B")
+        if view.nbytes > size:
+            raise ValueError(f"dst: {view.nbytes} bytes is larger than src_handle's {size} bytes")
+        if view.nbytes:
+            view[:] = self._device_read(src_handle, 0, view.nbytes)
+
+    def synchronize(self) -> None:
+        self._require_init()
+        self._device_synchronize()
+
+    # ---- compute ----------------------------------------------------------------------------------
+    def gemm(self, trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float, a: int, lda: int,
+             b: int, ldb: int, beta: float, c: int, ldc: int) -> None:
+        self._require_init()
+        m, n, k = check_dim(m, "m"), check_dim(n, "n"), check_dim(k, "k")
+        a_rows, a_cols = (k, m) if trans_a else (m, k)
+        b_rows, b_cols = (n, k) if trans_b else (k, n)
+        lda = check_dim(lda, "lda", minimum=a_cols)
+        ldb = check_dim(ldb, "ldb", minimum=b_cols)
+        ldc = check_dim(ldc, "ldc", minimum=n)
+        self._need(a, "a", (a_rows - 1) * lda + a_cols)
+        self._need(b, "b", (b_rows - 1) * ldb + b_cols)
+        self._need(c, "c", (m - 1) * ldc + n)
+        alpha, beta = float(alpha), float(beta)
+        if not (math.isfinite(alpha) and math.isfinite(beta)):
+            raise ValueError(f"alpha and beta must be finite, got alpha={alpha}, beta={beta}")
+        self.execute(self.record_gemm(bool(trans_a), bool(trans_b), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+
+    def conv2d_forward(self, input: int, input_shape: Sequence[int], filter: int, filter_shape: Sequence[int],
+                       output: int, output_shape: Sequence[int], stride: Any = (1, 1),
+                       padding: Any = (0, 0)) -> None:
+        self._require_init()
+        n, c, h, w = check_shape(input_shape, "input_shape", 4)
+        kk, fc, r, s = check_shape(filter_shape, "filter_shape", 4)
+        sh, sw = check_pair(stride, "stride", minimum=1)
+        ph, pw = check_pair(padding, "padding", minimum=0)
+        if fc != c:
+            raise ValueError(f"filter_shape: {fc} input channels, but input_shape has C={c}")
+        p, q = (h + 2 * ph - r) // sh + 1, (w + 2 * pw - s) // sw + 1
+        if h + 2 * ph < r or w + 2 * pw < s:
+            raise ValueError(f"filter {r}x{s} is larger than the padded input {h + 2 * ph}x{w + 2 * pw}")
+        out = check_shape(output_shape, "output_shape", 4)
+        if out != (n, kk, p, q):
+            raise ValueError(f"output_shape: expected {(n, kk, p, q)} for this input, filter, stride and "
+                             f"padding, got {out}")
+        self._need(input, "input", n * c * h * w)
+        self._need(filter, "filter", kk * c * r * s)
+        self._need(output, "output", n * kk * p * q)
+        self.execute(self.record_conv2d(input, (n, c, h, w), filter, (kk, c, r, s), output, (n, kk, p, q),
+                                        (sh, sw), (ph, pw)))
+
+    def attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int, seq_kv: int,
+                  head_dim: int, scale: float, causal: bool = False) -> None:
+        self._require_init()
+        batch, heads = check_dim(batch, "batch"), check_dim(heads, "heads")
+        seq_q, seq_kv = check_dim(seq_q, "seq_q"), check_dim(seq_kv, "seq_kv")
+        head_dim = check_dim(head_dim, "head_dim")
+        scale = float(scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
+        self._need(q, "q", batch * heads * seq_q * head_dim)
+        self._need(k, "k", batch * heads * seq_kv * head_dim)
+        self._need(v, "v", batch * heads * seq_kv * head_dim)
+        self._need(o, "o", batch * heads * seq_q * head_dim)
+        self.execute(self.record_attention(q, k, v, o, batch, heads, seq_q, seq_kv, head_dim, scale,
+                                           bool(causal)))
+
+    def reduce(self, op: Any, input: int, output: int, shape: Sequence[int], axis: int) -> None:
+        self._require_init()
+        op = as_enum(ReduceOp, op, "op")
+        shape = check_shape(shape, "shape")
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -len(shape) <= axis < len(shape):
+            raise ValueError(f"axis: {axis!r} is out of range for a {len(shape)}-D shape")
+        axis = int(axis) % len(shape)
+        total = math.prod(shape)
+        self._need(input, "input", total)
+        self._need(output, "output", total // shape[axis])
+        outer, r, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+        self.execute(self.record_reduce(op, input, output, outer, r, inner))
+
+    def unary(self, op: Any, input: int, output: int, n: int) -> None:
+        self._require_init()
+        op = as_enum(UnaryOp, op, "op")
+        n = check_dim(n, "n")
+        self._need(input, "input", n)
+        self._need(output, "output", n)
+        self.execute(self.record_unary(op, input, output, n))
+
+    def binary(self, op: Any, a: int, b: int, output: int, n: int) -> None:
+        self._require_init()
+        op = as_enum(BinaryOp, op, "op")
+        n = check_dim(n, "n")
+        self._need(a, "a", n)
+        self._need(b, "b", n)
+        self._need(output, "output", n)
+        self.execute(self.record_binary(op, a, b, output, n))
+
+    # ---- what a backend provides --------------------------------------------------------------------
+    @abstractmethod
+    def _init_device(self) -> None: ...
+
+    @abstractmethod
+    def _device_alloc(self, handle: int, nbytes: int) -> None: ...
+
+    @abstractmethod
+    def _device_free(self, handle: int) -> None: ...
+
+    @abstractmethod
+    def _device_write(self, handle: int, offset: int, data: memoryview) -> None: ...
+
+    @abstractmethod
+    def _device_read(self, handle: int, offset: int, nbytes: int) -> memoryview | bytes: ...
+
+    @abstractmethod
+    def _device_synchronize(self) -> None: ...
+
+    @abstractmethod
+    def execute(self, steps: list) -> None:
+        """Run recorded steps in order (on wgpu: one command encoder, one submit)."""
+
+    # Record methods take validated arguments and return a list of steps; nothing runs until execute().
+    # The public ops are special cases of the runtime's general primitives below.
+    def record_gemm(self, trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float, a: int,
+                    lda: int, b: int, ldb: int, beta: float, c: int, ldc: int) -> list:
+        f32 = np.dtype(np.float32)
+        av = View(a, f32, (1, m, k), (0, 1, lda) if trans_a else (0, lda, 1))
+        bv = View(b, f32, (1, k, n), (0, 1, ldb) if trans_b else (0, ldb, 1))
+        cv = View(c, f32, (1, m, n), (0, ldc, 1))
+        return self.record_matmul(av, bv, cv, alpha=alpha, bias=cv if beta != 0.0 else None, beta=beta)
+
+    def record_conv2d(self, input: int, input_shape: tuple, filter: int, filter_shape: tuple, output: int,
+                      output_shape: tuple, stride: tuple, padding: tuple) -> list:
+        f32 = np.dtype(np.float32)
+        return self.record_conv(View.contiguous(input, f32, input_shape), View.contiguous(filter, f32, filter_shape),
+                                None, View.contiguous(output, f32, output_shape), stride,
+                                (padding[0], padding[1], padding[0], padding[1]), (1, 1), 1)
+
+    @abstractmethod
+    def record_attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
+                         seq_kv: int, head_dim: int, scale: float, causal: bool) -> list: ...
+
+    def record_reduce(self, op: ReduceOp, input: int, output: int, outer: int, r: int, inner: int) -> list:
+        f32 = np.dtype(np.float32)
+        x = View(input, f32, (outer, inner, r), (r * inner, 1, inner))
+        return self.record_reduce_axes(op.value, x, View.contiguous(output, f32, (outer, inner)), 1)
+
+    def record_unary(self, op: UnaryOp, input: int, output: int, n: int) -> list:
+        f32 = np.dtype(np.float32)
+        return self.record_elementwise(call(op.value, inp(0)), [View.contiguous(input, f32, (n,))],
+                                       View.contiguous(output, f32, (n,)))
+
+    def record_binary(self, op: BinaryOp, a: int, b: int, output: int, n: int) -> list:
+        f32 = np.dtype(np.float32)
+        return self.record_elementwise(call(op.value, inp(0), inp(1)),
+                                       [View.contiguous(a, f32, (n,)), View.contiguous(b, f32, (n,))],
+                                       View.contiguous(output, f32, (n,)))
+
+    # ---- primitives for the ONNX runtime -------------------------------------------------------------
+    # Views carry logical dtypes; a backend maps them to what it stores (wgpu: int64 as i32, bool as u32).
+    # Shapes here are already checked by the caller (the graph's shape inference).
+
+    @abstractmethod
+    def record_elementwise(self, expr: Any, inputs: list[View], out: View) -> list:
+        """out = expr(inputs...), every input View already broadcast to out.shape; out contiguous."""
+
+    @abstractmethod
+    def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
+                      beta: float = 1.0, act: Any = None) -> list:
+        """out = act(alpha * a @ b + beta * bias) over shapes (B, M, K) @ (B, K, N) -> (B, M, N).
+
+        a, b and bias may be strided (transposes, broadcast batch or bias dims are strides); bias may be the
+        out View itself (gemm's beta * C). `act` is an elementwise Expr over input 0, or None.
+        """
+
+    @abstractmethod
+    def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
+                    pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
+                    act: Any = None) -> list:
+        """2-D convolution, NCHW, filter (K, C/groups, R, S), pads (top, left, bottom, right)."""
+
+    @abstractmethod
+    def record_reduce_axes(self, op: str, x: View, out: View, n_reduce: int) -> list:
+        """Reduce the last `n_reduce` dims of x into out (x.shape[:-n_reduce], contiguous).
+
+        op: sum, mean, max, min, prod, sumsq, l1, l2, logsum, logsumexp, argmax, argmin, argmax_last,
+        argmin_last (the arg ops need n_reduce == 1 and write int64 indices).
+        """
+
+    def release(self) -> None:
+        """Free every live allocation (tests use it to look for leaks)."""
+        for handle in list(self._sizes):
+            self.free(handle)

@@ -1,0 +1,206 @@
+"""cpu backend: numpy, with every step prepared at record time.
+
+Recording builds typed strided views of the allocations once; a step is a closure that computes into its
+output view, so replaying a plan allocates nothing but numpy's temporaries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ..base import ComputeBackend, OutOfMemoryError, View
+from ..expr import Expr, eval_numpy
+
+Step = Callable[[], None]
+
+
+class CpuBackend(ComputeBackend):
+    name = "cpu"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mem: dict[int, np.ndarray] = {}
+
+    def _init_device(self) -> None:
+        pass
+
+    # ---- memory -----------------------------------------------------------------------------------
+    def _device_alloc(self, handle: int, nbytes: int) -> None:
+        try:
+            # 8-byte rounding keeps every typed view (int64, float64) of the allocation whole.
+            self._mem[handle] = np.zeros(-(-nbytes // 8) * 8, np.uint8)
+        except MemoryError as e:
+            raise OutOfMemoryError(f"cpu backend: cannot allocate {nbytes} bytes") from e
+
+    def _device_free(self, handle: int) -> None:
+        del self._mem[handle]
+
+    def _device_write(self, handle: int, offset: int, data: memoryview) -> None:
+        self._mem[handle][offset:offset + data.nbytes] = np.frombuffer(data, np.uint8)
+
+    def _device_read(self, handle: int, offset: int, nbytes: int) -> memoryview:
+        return memoryview(self._mem[handle][offset:offset + nbytes])
+
+    def _device_synchronize(self) -> None:
+        pass
+
+    def execute(self, steps: list) -> None:
+        for step in steps:
+            step()
+
+    def array(self, v: View) -> np.ndarray:
+        """A numpy view (no copy) of a View."""
+        buf = self._mem[v.handle]
+        item = v.dtype.itemsize
+        need = v.extent() * item
+        if need > buf.nbytes:
+            raise ValueError(f"view of {need} bytes exceeds allocation {v.handle} of {buf.nbytes} bytes")
+        usable = buf.nbytes // item * item
+        base = buf[:usable].view(v.dtype)
+        return as_strided(base[v.offset:], v.shape, [s * item for s in v.strides])
+
+    # ---- primitives -------------------------------------------------------------------------------
+    def record_elementwise(self, expr: Expr, inputs: list[View], out: View) -> list[Step]:
+        ins = [self.array(v) for v in inputs]
+        dst = self.array(out)
+        float_dtype = next((a.dtype for a in ins if a.dtype.kind == "f"), dst.dtype if dst.dtype.kind == "f"
+                           else np.dtype(np.float32))
+        int_dtype = next((a.dtype for a in ins if a.dtype.kind in "iu"), np.dtype(np.int64))
+
+        def step() -> None:
+            dst[...] = eval_numpy(expr, ins, float_dtype, int_dtype)
+
+        return [step]
+
+    def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
+                      beta: float = 1.0, act: Expr | None = None) -> list[Step]:
+        av, bv, dst = self.array(a), self.array(b), self.array(out)
+        cv = self.array(bias) if bias is not None else None
+        dt = dst.dtype
+        alpha_ = dt.type(alpha)
+        beta_ = dt.type(beta)
+
+        def step() -> None:
+            r = np.matmul(av, bv)
+            if alpha != 1.0:
+                r *= alpha_
+            if cv is not None:
+                r += cv * beta_ if beta != 1.0 else cv
+            if act is not None:
+                r = eval_numpy(act, [r], dt)
+            dst[...] = r
+
+        return [step]
+
+    def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
+                    pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
+                    act: Expr | None = None) -> list[Step]:
+        xv, wv, dst = self.array(x), self.array(w), self.array(out)
+        bv = self.array(bias) if bias is not None else None
+        n, c, h, wd = x.shape
+        k, cg, r, s = w.shape
+        _, _, p, q = out.shape
+        (sh, sw), (pt, pl, pb, pr), (dh, dw) = stride, pads, dilation
+        kg = k // groups
+        padded = np.zeros((n, c, h + pt + pb, wd + pl + pr), xv.dtype)
+        interior = padded[:, :, pt:pt + h, pl:pl + wd]
+        # im2col as a strided view of the padded input: (n, g, cg, r, s, p, q) -> one matmul per group.
+        ps = padded.strides
+        cols = as_strided(padded, (n, groups, cg, r, s, p, q),
+                          (ps[0], ps[1] * cg, ps[1], ps[2] * dh, ps[3] * dw, ps[2] * sh, ps[3] * sw))
+        wmat = wv.reshape(groups, kg, cg * r * s)
+
+        def step() -> None:
+            interior[...] = xv
+            col = cols.reshape(n, groups, cg * r * s, p * q)
+            res = np.matmul(wmat[None], col).reshape(n, k, p, q)
+            if bv is not None:
+                res += bv.reshape(1, k, 1, 1)
+            if act is not None:
+                res = eval_numpy(act, [res], res.dtype)
+            dst[...] = res
+
+        return [step]
+
+    def record_reduce_axes(self, op: str, x: View, out: View, n_reduce: int) -> list[Step]:
+        xv, dst = self.array(x), self.array(out)
+        axes = tuple(range(x.shape.__len__() - n_reduce, len(x.shape)))
+        fn = _REDUCERS[op]
+
+        def step() -> None:
+            with np.errstate(all="ignore"):
+                dst[...] = fn(xv, axes)
+
+        return [step]
+
+    def record_attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
+                         seq_kv: int, head_dim: int, scale: float, causal: bool) -> list[Step]:
+        f32 = np.dtype(np.float32)
+        qv = self.array(View.contiguous(q, f32, (batch, heads, seq_q, head_dim)))
+        kv = self.array(View.contiguous(k, f32, (batch, heads, seq_kv, head_dim)))
+        vv = self.array(View.contiguous(v, f32, (batch, heads, seq_kv, head_dim)))
+        ov = self.array(View.contiguous(o, f32, (batch, heads, seq_q, head_dim)))
+        mask = None
+        if causal:
+            i = np.arange(seq_q)[:, None]
+            j = np.arange(seq_kv)[None, :]
+            mask = np.where(j <= i + (seq_kv - seq_q), 0.0, -np.inf).astype(f32)
+
+        def step() -> None:
+            ov[...] = attention_numpy(qv, kv, vv, np.float32(scale), mask)
+
+        return [step]
+
+
+def attention_numpy(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: Any, mask: np.ndarray | None) -> np.ndarray:
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    if mask is not None:
+        s = s + mask
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)  # a fully masked row gives zeros, not NaN
+    e = np.exp(s - m)
+    den = e.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.where(den > 0, e / np.where(den > 0, den, 1), 0)
+    return np.matmul(p.astype(q.dtype), v)
+
+
+def _arg(fn: Callable, last: bool) -> Callable:
+    def reduce(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        (axis,) = axes
+        if last:
+            flipped = np.flip(x, axis)
+            return x.shape[axis] - 1 - fn(flipped, axis=axis)
+        return fn(x, axis=axis)
+
+    return reduce
+
+
+def _logsumexp(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    m = np.max(x, axis=axes, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    return (np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m).squeeze(axes)
+
+
+_REDUCERS: dict[str, Callable[[np.ndarray, tuple[int, ...]], Any]] = {
+    "sum": lambda x, a: np.sum(x, axis=a),
+    "mean": lambda x, a: np.mean(x, axis=a) if x.dtype.kind == "f" else np.sum(x, axis=a) // math.prod(
+        x.shape[i] for i in a),
+    "max": lambda x, a: np.max(x, axis=a),
+    "min": lambda x, a: np.min(x, axis=a),
+    "prod": lambda x, a: np.prod(x, axis=a),
+    "sumsq": lambda x, a: np.sum(x * x, axis=a),
+    "l1": lambda x, a: np.sum(np.abs(x), axis=a),
+    "l2": lambda x, a: np.sqrt(np.sum(x * x, axis=a)),
+    "logsum": lambda x, a: np.log(np.sum(x, axis=a)),
+    "logsumexp": _logsumexp,
+    "argmax": _arg(np.argmax, False),
+    "argmin": _arg(np.argmin, False),
+    "argmax_last": _arg(np.argmax, True),
+    "argmin_last": _arg(np.argmin, True),
+}

@@ -1,0 +1,180 @@
+"""Elementwise expressions: one small tree language that both backends compile.
+
+The cpu backend evaluates a tree with numpy; the wgpu backend turns it into one generated WGSL kernel.
+Every elementwise ONNX op, the public unary/binary ops and fused chains of them are trees here, so
+broadcasting, NaN rules and dtype handling are written once per backend, not once per op.
+
+Kinds: "float", "int", "bool". A backend picks the storage type (wgpu: f32 / i32 / u32).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+FLOAT, INT, BOOL = "float", "int", "bool"
+
+
+@dataclass(frozen=True)
+class Expr:
+    op: str  # "in", "const" or a name in OPS
+    args: tuple[Expr, ...] = ()
+    value: Any = None  # input index for "in", the number for "const"
+    kind: str = FLOAT
+
+    def size(self) -> int:
+        return 1 + sum(a.size() for a in self.args)
+
+    def inputs(self) -> set[int]:
+        if self.op == "in":
+            return {self.value}
+        return set().union(*(a.inputs() for a in self.args)) if self.args else set()
+
+    def key(self) -> str:
+        """A stable text form, used to cache generated kernels."""
+        if self.op == "in":
+            return f"${self.value}:{self.kind}"
+        if self.op == "const":
+            return f"#{self.value!r}:{self.kind}"
+        return f"{self.op}({','.join(a.key() for a in self.args)})"
+
+
+def inp(index: int, kind: str = FLOAT) -> Expr:
+    return Expr("in", value=index, kind=kind)
+
+
+def const(value: float | int | bool, kind: str = FLOAT) -> Expr:
+    if kind == FLOAT:
+        value = float(value)
+    elif kind == INT:
+        value = int(value)
+    else:
+        value = bool(value)
+    return Expr("const", value=value, kind=kind)
+
+
+# name -> (arity, result kind: "same" (kind of first arg), or a fixed kind)
+SIGNATURES: dict[str, tuple[int, str]] = {}
+
+
+def _sig(names: str, arity: int, result: str) -> None:
+    for n in names.split():
+        SIGNATURES[n] = (arity, result)
+
+
+_sig("neg abs sign relu floor ceil round", 1, "same")
+_sig("exp log sqrt reciprocal sigmoid tanh erf gelu gelu_tanh sin cos tan asin acos atan sinh cosh "
+     "asinh acosh atanh softplus softsign", 1, FLOAT)
+_sig("add sub mul div max min pow mod fmod", 2, "same")
+_sig("eq ne lt le gt ge", 2, BOOL)
+_sig("and or xor", 2, BOOL)
+_sig("not", 1, BOOL)
+_sig("isnan isinf isposinf isneginf", 1, BOOL)
+_sig("where", 3, "second")
+_sig("to_float", 1, FLOAT)
+_sig("to_int", 1, INT)
+_sig("to_bool", 1, BOOL)
+
+
+def call(op: str, *args: Expr) -> Expr:
+    if op not in SIGNATURES:
+        raise ValueError(f"unknown elementwise op {op!r}")
+    arity, result = SIGNATURES[op]
+    if len(args) != arity:
+        raise ValueError(f"{op} takes {arity} operands, got {len(args)}")
+    if result == "same":
+        kind = args[0].kind
+    elif result == "second":
+        kind = args[1].kind
+    else:
+        kind = result
+    return Expr(op, tuple(args), kind=kind)
+
+
+# ---- numpy evaluation (cpu backend, constant folding) ------------------------------------------------
+def _np_round(x: np.ndarray) -> np.ndarray:
+    return np.round(x)  # numpy rounds half to even, as ONNX Round does
+
+
+def _np_gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0).astype(x.dtype)))
+
+
+def _np_gelu_tanh(x: np.ndarray) -> np.ndarray:
+    c = np.asarray(math.sqrt(2.0 / math.pi), x.dtype)
+    return 0.5 * x * (1.0 + np.tanh(c * (x + np.asarray(0.044715, x.dtype) * x * x * x)))
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # numpy has no erf; math.erf per element is exact and fine for host-side evaluation.
+    x = np.asarray(x)
+    return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
+
+
+def _np_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if np.issubdtype(np.asarray(a).dtype, np.integer):
+        return np.mod(a, np.where(b == 0, 1, b))  # integer Mod: sign of the divisor, like Python
+    return np.mod(a, b)
+
+
+def _np_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if np.issubdtype(np.asarray(a).dtype, np.integer):
+        # ONNX integer Div truncates toward zero (C semantics), numpy floors.
+        q = np.trunc(np.true_divide(a, np.where(b == 0, 1, b)))
+        return q.astype(np.asarray(a).dtype)
+    return np.true_divide(a, b)
+
+
+def _np_relu(x: np.ndarray) -> np.ndarray:
+    return np.where(x < 0, np.zeros_like(x), x)  # keeps NaN, unlike np.maximum(x, 0) on some builds
+
+
+NUMPY_OPS: dict[str, Any] = {
+    "neg": np.negative, "abs": np.abs, "sign": np.sign, "relu": _np_relu, "floor": np.floor,
+    "ceil": np.ceil, "round": _np_round, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+    "reciprocal": np.reciprocal, "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "tanh": np.tanh, "erf": _erf,
+    "gelu": _np_gelu, "gelu_tanh": _np_gelu_tanh, "sin": np.sin, "cos": np.cos, "tan": np.tan,
+    "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
+    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+    "softplus": lambda x: np.logaddexp(np.zeros_like(x), x), "softsign": lambda x: x / (1 + np.abs(x)),
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _np_div, "max": np.maximum,
+    "min": np.minimum, "pow": np.power, "mod": _np_mod, "fmod": np.fmod,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+    "ge": np.greater_equal, "and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor,
+    "not": np.logical_not, "isnan": np.isnan, "isinf": np.isinf, "isposinf": np.isposinf,
+    "isneginf": np.isneginf, "where": np.where,
+}
+
+
+def eval_numpy(expr: Expr, inputs: list[np.ndarray], float_dtype: Any = np.float32,
+               int_dtype: Any = np.int64) -> np.ndarray:
+    """Evaluate `expr` over numpy arrays (already broadcast-compatible)."""
+    dtypes = {FLOAT: float_dtype, INT: int_dtype, BOOL: np.bool_}
+
+    def ev(e: Expr) -> np.ndarray:
+        if e.op == "in":
+            return inputs[e.value]
+        if e.op == "const":
+            return np.asarray(e.value, dtypes[e.kind])
+        vals = [ev(a) for a in e.args]
+        if e.op == "to_float":
+            return vals[0].astype(float_dtype)
+        if e.op == "to_int":
+            v = vals[0]
+            if v.dtype.kind == "f":
+                v = np.trunc(v)  # float -> int casts truncate toward zero (C semantics)
+            return v.astype(int_dtype)
+        if e.op == "to_bool":
+            return vals[0].astype(np.bool_)
+        out = np.asarray(NUMPY_OPS[e.op](*vals))
+        if e.kind == BOOL:
+            return out.astype(np.bool_, copy=False)
+        if e.kind == INT and out.dtype.kind not in "iu":
+            return out.astype(int_dtype)
+        return out
+
+    with np.errstate(all="ignore"):
+        return ev(expr)

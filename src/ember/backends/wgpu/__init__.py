@@ -1,0 +1,9 @@
+"""WebGPU backend (wgpu-py): launch code in *.py beside the WGSL it runs (kernels/*.wgsl).
+
+Where things run: elementwise ops -> elementwise.py (generated), gemm/MatMul -> matmul.py,
+Conv -> conv.py, reductions -> reduce.py, attention -> attention.py.
+"""
+
+from .backend import WgpuBackend
+
+__all__ = ["WgpuBackend"]

@@ -1,0 +1,254 @@
+"""wgpu backend: storage buffers behind handles, kernels from kernels/*.wgsl, one submit per execute().
+
+Kernels are specialised by baking shapes into the WGSL text (a plan is per input-shape signature, so each
+shape compiles once); pipelines are cached by (kernel, specialisation), so replaying the same shapes
+creates no new pipelines (`pipelines_created` counts them).
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from importlib import resources
+from typing import Any, NamedTuple
+
+import numpy as np
+import wgpu
+
+from ..base import ComputeBackend, OutOfMemoryError, View
+from ..expr import Expr
+from . import device as dev
+
+# WebGPU buffer sizes and copy sizes must be multiples of 4; 16 keeps vec4 loads of a tail in bounds.
+BUFFER_ALIGN = 16
+WORKGROUPS_PER_DIM = 65535
+
+
+class Dispatch(NamedTuple):
+    pipeline: Any
+    bind_group: Any
+    grid: tuple[int, int, int]
+    label: str
+
+
+class Copy(NamedTuple):
+    src: Any
+    src_offset: int
+    dst: Any
+    dst_offset: int
+    size: int
+
+
+def storage_type(dtype: np.dtype) -> str:
+    """The WGSL element type a logical dtype is stored as on the device."""
+    kind = np.dtype(dtype).kind
+    if kind == "f":
+        if np.dtype(dtype).itemsize > 4:
+            raise NotImplementedError(f"wgpu backend: {np.dtype(dtype).name} tensors are not supported on the GPU")
+        return "f32"
+    if kind == "b":
+        return "u32"
+    if kind in "iu":
+        return "i32"  # WGSL has no 64-bit integers; int64 values are stored as i32 (checked on upload)
+    raise NotImplementedError(f"wgpu backend: dtype {np.dtype(dtype).name} is not supported")
+
+
+NUMPY_STORAGE = {"f32": np.dtype(np.float32), "i32": np.dtype(np.int32), "u32": np.dtype(np.uint32)}
+
+
+def grid_1d(groups: int) -> tuple[int, int, int]:
+    """Spread `groups` workgroups over x and y: each dimension is capped at 65,535."""
+    if groups <= WORKGROUPS_PER_DIM:
+        return (max(groups, 1), 1, 1)
+    y = -(-groups // WORKGROUPS_PER_DIM)
+    return (-(-groups // y), y, 1)
+
+
+class WgpuBackend(ComputeBackend):
+    name = "wgpu"
+
+    def __init__(self, adapter: int | str | None = None, power_preference: str | None = None) -> None:
+        super().__init__()
+        self._adapter_opt = adapter
+        self._power = power_preference
+        self._bufs: dict[int, Any] = {}
+        self._pipelines: dict[tuple, Any] = {}
+        self._templates: dict[str, string.Template] = {}
+        self.pipelines_created = 0
+        self.dispatches = 0
+
+    # ---- life cycle -------------------------------------------------------------------------------
+    def _init_device(self) -> None:
+        self.adapter = dev.select_adapter(self._adapter_opt, self._power)
+        self.device = dev.create_device(self.adapter)
+        self.queue = self.device.queue
+        self.limits = dict(self.device.limits)
+        self.features = set(self.device.features)
+        self.checked = dev.checked_shaders_forced()
+        self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
+        self.max_buffer = int(self.limits["max-buffer-size"])
+
+    @property
+    def adapter_name(self) -> str:
+        return dev._describe(self.adapter)
+
+    # ---- memory -----------------------------------------------------------------------------------
+    def _device_alloc(self, handle: int, nbytes: int) -> None:
+        size = -(-nbytes // BUFFER_ALIGN) * BUFFER_ALIGN
+        if size > self.max_buffer:
+            raise OutOfMemoryError(f"wgpu: {nbytes} bytes exceed the adapter's max buffer size {self.max_buffer}")
+        try:
+            buf = self.device.create_buffer(
+                size=size, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+            )
+        except wgpu.GPUOutOfMemoryError as e:
+            raise OutOfMemoryError(f"wgpu: out of device memory allocating {nbytes} bytes: {e}") from e
+        self._bufs[handle] = buf
+
+    def _device_free(self, handle: int) -> None:
+        self._bufs.pop(handle).destroy()
+
+    def _device_write(self, handle: int, offset: int, data: memoryview) -> None:
+        n = data.nbytes
+        if n % 4:
+            # write_buffer sizes must be multiples of 4: merge the last partial word with what is there.
+            whole = n - n % 4
+            if whole:
+                self.queue.write_buffer(self._bufs[handle], offset, data[:whole])
+            word = bytearray(self._device_read(handle, offset + whole, 4))
+            word[: n % 4] = data[whole:]
+            data, offset = memoryview(bytes(word)), offset + whole
+        if data.nbytes:
+            self.queue.write_buffer(self._bufs[handle], offset, data)
+
+    def _device_read(self, handle: int, offset: int, nbytes: int) -> memoryview:
+        size = -(-nbytes // 4) * 4
+        return memoryview(self.queue.read_buffer(self._bufs[handle], offset, size)).cast("B")[:nbytes]
+
+    def _device_synchronize(self) -> None:
+        self.queue.on_submitted_work_done_async().sync_wait()
+
+    def buffer(self, handle: int) -> Any:
+        return self._bufs[handle]
+
+    def upload(self, handle: int, array: np.ndarray) -> None:
+        """Write a logical-dtype array, converting to the device's storage type."""
+        st = NUMPY_STORAGE[storage_type(array.dtype)]
+        if array.dtype != st:
+            if array.dtype.kind in "iu" and array.size:
+                lo, hi = int(array.min()), int(array.max())
+                if lo < -(2**31) or hi >= 2**31:
+                    raise ValueError(f"wgpu backend: integer tensor values [{lo}, {hi}] do not fit in int32")
+            array = array.astype(st)
+        self._device_write(handle, 0, memoryview(np.ascontiguousarray(array)).cast("B"))
+
+    def download(self, handle: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        st = NUMPY_STORAGE[storage_type(dtype)]
+        n = math.prod(shape)
+        raw = np.frombuffer(self._device_read(handle, 0, n * st.itemsize), st).reshape(shape)
+        return raw.astype(dtype)
+
+    # ---- kernels ----------------------------------------------------------------------------------
+    def kernel_source(self, name: str, **spec: Any) -> str:
+        """kernels/<name>.wgsl with ${NAME} placeholders filled from spec."""
+        tpl = self._templates.get(name)
+        if tpl is None:
+            text = resources.files(__package__).joinpath("kernels", f"{name}.wgsl").read_text()
+            tpl = self._templates[name] = string.Template(text)
+        return tpl.substitute({k: str(v) for k, v in spec.items()})
+
+    def pipeline(self, label: str, source: str, *, trusted: bool = True) -> Any:
+        """A compute pipeline for WGSL `source` (entry point `main`), built once and cached."""
+        trusted = trusted and not self.checked
+        key = (source, trusted)
+        p = self._pipelines.get(key)
+        if p is None:
+            module = dev.create_shader_module(self.device, source, label, trusted)
+            p = self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"},
+                                                    label=label)
+            self._pipelines[key] = p
+            self.pipelines_created += 1
+        return p
+
+    def dispatch(self, pipeline: Any, buffers: list[Any] | dict[int, Any], grid: tuple[int, int, int],
+                 label: str = "") -> Dispatch:
+        """A recorded dispatch; `buffers` (handles or GPUBuffers) are bound at 0, 1, 2, ... of group 0,
+        or at the binding numbers a dict gives."""
+        entries = []
+        items = buffers.items() if isinstance(buffers, dict) else enumerate(buffers)
+        for i, b in items:
+            buf = self._bufs[b] if isinstance(b, int) else b
+            if buf.size > self.max_binding:
+                raise NotImplementedError(
+                    f"wgpu: kernel {label!r} binds a {buf.size}-byte buffer, above this adapter's "
+                    f"max-storage-buffer-binding-size {self.max_binding}")
+            entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
+        group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+        if max(grid) > WORKGROUPS_PER_DIM:
+            raise AssertionError(f"kernel {label!r}: grid {grid} exceeds 65,535 workgroups per dimension")
+        return Dispatch(pipeline, group, grid, label)
+
+    def uniform(self, data: bytes) -> Any:
+        """A small read-only storage buffer with constant data (kept alive by the bind group)."""
+        buf = self.device.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.STORAGE)
+        return buf
+
+    def execute(self, steps: list) -> None:
+        if not steps:
+            return
+        encoder = self.device.create_command_encoder()
+        self.encode(encoder, steps)
+        self.queue.submit([encoder.finish()])
+
+    def encode(self, encoder: Any, steps: list) -> None:
+        """Encode steps: consecutive dispatches share one compute pass; copies go between passes."""
+        cpass = None
+        current = None
+        for st in steps:
+            if type(st) is Dispatch:
+                if cpass is None:
+                    cpass = encoder.begin_compute_pass()
+                    current = None
+                if st.pipeline is not current:
+                    cpass.set_pipeline(st.pipeline)
+                    current = st.pipeline
+                cpass.set_bind_group(0, st.bind_group)
+                cpass.dispatch_workgroups(*st.grid)
+            else:
+                if cpass is not None:
+                    cpass.end()
+                    cpass = None
+                encoder.copy_buffer_to_buffer(st.src, st.src_offset, st.dst, st.dst_offset, st.size)
+        if cpass is not None:
+            cpass.end()
+        self.dispatches += len(steps)
+
+    # ---- primitives -------------------------------------------------------------------------------
+    def record_elementwise(self, expr: Expr, inputs: list[View], out: View) -> list:
+        from .elementwise import record_elementwise
+
+        return record_elementwise(self, expr, inputs, out)
+
+    def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
+                      beta: float = 1.0, act: Expr | None = None) -> list:
+        from .matmul import record_matmul
+
+        return record_matmul(self, a, b, out, alpha=alpha, bias=bias, beta=beta, act=act)
+
+    def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
+                    pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
+                    act: Expr | None = None) -> list:
+        from .conv import record_conv
+
+        return record_conv(self, x, w, bias, out, stride, pads, dilation, groups, act)
+
+    def record_reduce_axes(self, op: str, x: View, out: View, n_reduce: int) -> list:
+        from .reduce import record_reduce_axes
+
+        return record_reduce_axes(self, op, x, out, n_reduce)
+
+    def record_attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
+                         seq_kv: int, head_dim: int, scale: float, causal: bool) -> list:
+        from .attention import record_attention
+
+        return record_attention(self, q, k, v, o, batch, heads, seq_q, seq_kv, head_dim, scale, causal)

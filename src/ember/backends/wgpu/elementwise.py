@@ -1,0 +1,264 @@
+"""Generated elementwise kernels: an Expr tree over strided, broadcast inputs -> one WGSL kernel.
+
+Shapes and strides are baked into the source as constants (dims merged where every operand is
+contiguous across them), so the common same-shape case indexes with the thread id alone and the
+compiler turns the remaining divisions by constants into multiplies.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import numpy as np
+
+from ..base import View
+from ..expr import BOOL, FLOAT, INT, Expr
+from .backend import WgpuBackend, grid_1d, storage_type
+
+WORKGROUP = 256
+MAX_EXPR_NODES = 512  # naga and Dawn reject very deep expressions; the fuser caps chains below this
+
+# Helpers every generated kernel may call. NaN and infinity come from bit patterns, not literals
+# (WGSL has no inf/nan literals), and are tested by bits, since the compiler may assume x == x.
+PRELUDE = """
+fn nan_f32() -> f32 { return bitcast<f32>(0x7fc00000u); }
+fn inf_f32() -> f32 { return bitcast<f32>(0x7f800000u); }
+fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn is_inf(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) == 0x7f800000u; }
+fn safe_log(x: f32) -> f32 {
+    return select(select(log(x), -inf_f32(), x == 0.0), nan_f32(), x < 0.0 || is_nan(x));
+}
+fn safe_sqrt(x: f32) -> f32 { return select(sqrt(x), nan_f32(), x < 0.0 || is_nan(x)); }
+fn erf_f32(x: f32) -> f32 {
+    // Abramowitz & Stegun 7.1.26 refined: |error| < 1.5e-7.
+    let a = abs(x);
+    let t = 1.0 / (1.0 + 0.3275911 * a);
+    let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592)
+        * t * exp(-a * a);
+    return select(sign(x) * y, x, is_nan(x));
+}
+fn fmax_nan(a: f32, b: f32) -> f32 { return select(max(a, b), a + b, is_nan(a) || is_nan(b)); }
+fn fmin_nan(a: f32, b: f32) -> f32 { return select(min(a, b), a + b, is_nan(a) || is_nan(b)); }
+fn pow_f32(x: f32, y: f32) -> f32 {
+    // IEEE/numpy pow: WGSL pow() is undefined for x < 0 and inexact at the edges.
+    if (y == 0.0 || x == 1.0) { return 1.0; }
+    if (is_nan(x) || is_nan(y)) { return nan_f32(); }
+    let yi = trunc(y);
+    let is_int = yi == y;
+    if (x < 0.0 && !is_int && !is_inf(y) && !is_inf(x)) { return nan_f32(); }
+    if (x == -1.0 && is_inf(y)) { return 1.0; }
+    let odd = is_int && abs(y) < 16777216.0 && (i32(abs(yi)) & 1) == 1;
+    let ax = abs(x);
+    var r: f32;
+    if (ax == 0.0) {
+        r = select(0.0, inf_f32(), y < 0.0);
+    } else if (is_inf(y)) {
+        r = select(select(0.0, inf_f32(), ax > 1.0), select(0.0, inf_f32(), ax < 1.0), y < 0.0);
+    } else if (is_inf(ax)) {
+        r = select(inf_f32(), 0.0, y < 0.0);
+    } else {
+        r = exp2(y * log2(ax));
+        if (is_int && abs(y) <= 4.0) {  // exact products for the small integer powers models use
+            r = 1.0;
+            for (var i = 0; i < i32(abs(yi)); i++) { r = r * ax; }
+            if (y < 0.0) { r = 1.0 / r; }
+        }
+    }
+    return select(r, -r, x < 0.0 && odd);
+}
+fn imod(a: i32, b: i32) -> i32 {
+    if (b == 0) { return 0; }
+    let r = a % b;
+    return select(r, r + b, r != 0 && ((r < 0) != (b < 0)));
+}
+fn idiv(a: i32, b: i32) -> i32 { return select(a / b, 0, b == 0); }
+"""
+
+_F_UNARY = {
+    "neg": "(-{0})", "abs": "abs({0})", "sign": "select(sign({0}), {0}, is_nan({0}))",
+    "relu": "select({0}, 0.0, {0} < 0.0)", "floor": "floor({0})", "ceil": "ceil({0})", "round": "round({0})",
+    "exp": "exp({0})", "log": "safe_log({0})", "sqrt": "safe_sqrt({0})", "reciprocal": "(1.0 / {0})",
+    "sigmoid": "(1.0 / (1.0 + exp(-{0})))", "tanh": "select(tanh({0}), sign({0}), abs({0}) > 15.0)",
+    "erf": "erf_f32({0})", "gelu": "(0.5 * {0} * (1.0 + erf_f32({0} * 0.70710678118654752)))",
+    "gelu_tanh": "(0.5 * {0} * (1.0 + tanh(clamp(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0}), -15.0, 15.0))))",
+    "sin": "sin({0})", "cos": "cos({0})", "tan": "tan({0})",
+    "asin": "select(asin({0}), nan_f32(), abs({0}) > 1.0)", "acos": "select(acos({0}), nan_f32(), abs({0}) > 1.0)",
+    "atan": "atan({0})", "sinh": "sinh({0})", "cosh": "cosh({0})", "asinh": "asinh({0})",
+    "acosh": "select(acosh({0}), nan_f32(), {0} < 1.0)",
+    "atanh": "select(atanh({0}), nan_f32(), abs({0}) > 1.0)",
+    "softplus": "select(log(1.0 + exp({0})), {0}, {0} > 20.0)", "softsign": "({0} / (1.0 + abs({0})))",
+    "isnan": "is_nan({0})", "isinf": "is_inf({0})", "isposinf": "({0} == inf_f32())",
+    "isneginf": "({0} == -inf_f32())",
+}
+_F_BINARY = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
+    "max": "fmax_nan({0}, {1})", "min": "fmin_nan({0}, {1})", "pow": "pow_f32({0}, {1})",
+    "mod": "({0} - {1} * floor({0} / {1}))", "fmod": "({0} - {1} * trunc({0} / {1}))",
+}
+_I_UNARY = {"neg": "(-{0})", "abs": "abs({0})", "sign": "sign({0})", "relu": "max({0}, 0)",
+            "floor": "{0}", "ceil": "{0}", "round": "{0}"}
+_I_BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "idiv({0}, {1})",
+             "max": "max({0}, {1})", "min": "min({0}, {1})", "mod": "imod({0}, {1})",
+             "fmod": "select({0} % {1}, 0, {1} == 0)",
+             "pow": "i32(round(pow_f32(f32({0}), f32({1}))))"}
+_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_LOGIC = {"and": "({0} && {1})", "or": "({0} || {1})", "xor": "({0} != {1})", "not": "(!{0})"}
+WGSL_TYPE = {FLOAT: "f32", INT: "i32", BOOL: "bool"}
+
+
+def float_literal(v: float) -> str:
+    f = np.float32(v)
+    if np.isnan(f):
+        return "nan_f32()"
+    if np.isinf(f):
+        return "inf_f32()" if f > 0 else "(-inf_f32())"
+    if f == 0 or abs(f) >= np.finfo(np.float32).tiny:
+        return f"{float(f)!r}f"
+    return f"bitcast<f32>({int(f.view(np.uint32))}u)"  # subnormal: spell the bits
+
+
+def int_literal(v: int) -> str:
+    v = max(min(v, 2**31 - 1), -(2**31))
+    return f"i32({v})" if v == -(2**31) else f"{v}i"
+
+
+class _Emitter:
+    def __init__(self, loads: list[str]) -> None:
+        self.lines: list[str] = []
+        self.loads = loads  # WGSL expression that loads input i, already of its kind's type
+        self.count = 0
+
+    def emit(self, e: Expr) -> str:
+        if e.op == "in":
+            return self.loads[e.value]
+        if e.op == "const":
+            if e.kind == FLOAT:
+                return float_literal(e.value)
+            if e.kind == INT:
+                return int_literal(e.value)
+            return "true" if e.value else "false"
+        args = [self.emit(a) for a in e.args]
+        text = self.translate(e, args)
+        name = f"t{self.count}"
+        self.count += 1
+        self.lines.append(f"    let {name}: {WGSL_TYPE[e.kind]} = {text};")
+        return name
+
+    @staticmethod
+    def translate(e: Expr, a: list[str]) -> str:
+        op, k0 = e.op, e.args[0].kind
+        if op == "to_float":
+            return {FLOAT: a[0], INT: f"f32({a[0]})", BOOL: f"select(0.0, 1.0, {a[0]})"}[k0]
+        if op == "to_int":
+            # WGSL f32 -> i32 saturates; NaN maps to 0, as ONNX leaves it undefined.
+            return {FLOAT: f"i32(select(trunc({a[0]}), 0.0, is_nan({a[0]})))", INT: a[0],
+                    BOOL: f"select(0i, 1i, {a[0]})"}[k0]
+        if op == "to_bool":
+            return {FLOAT: f"({a[0]} != 0.0)", INT: f"({a[0]} != 0i)", BOOL: a[0]}[k0]
+        if op == "where":
+            return f"select({a[2]}, {a[1]}, {a[0]})"
+        if op in _CMP:
+            if k0 == BOOL:
+                return f"(select(0i, 1i, {a[0]}) {_CMP[op]} select(0i, 1i, {a[1]}))"
+            return f"({a[0]} {_CMP[op]} {a[1]})"
+        if op in _LOGIC:
+            return _LOGIC[op].format(*a)
+        table = (_F_UNARY | _F_BINARY) if k0 == FLOAT else (_I_UNARY | _I_BINARY)
+        if op not in table:
+            raise NotImplementedError(f"wgpu backend: elementwise op {op!r} on {k0} operands")
+        return table[op].format(*a)
+
+
+def _merge_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 dims and merge neighbours that every operand walks contiguously."""
+    dims: list[int] = []
+    ss: list[list[int]] = [[] for _ in strides]
+    for d, i in ((d, i) for i, d in enumerate(shape) if d != 1):
+        if dims and all(s_list[-1] == st[i] * d for s_list, st in zip(ss, strides, strict=True)):
+            dims[-1] *= d
+            for s_list, st in zip(ss, strides, strict=True):
+                s_list[-1] = st[i]
+            continue
+        dims.append(d)
+        for s_list, st in zip(ss, strides, strict=True):
+            s_list.append(st[i])
+    return dims, ss
+
+
+def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, ...],
+             in_strides: list[tuple[int, ...]], in_offsets: list[int], out_offset: int,
+             alias: list[bool]) -> str:
+    """WGSL for out[i] = expr(...) over a contiguous output of `shape`."""
+    total = math.prod(shape)
+    out_strides = View.contiguous(0, np.float32, shape).strides
+    dims, ss = _merge_dims(shape, [out_strides, *in_strides])
+    out_ss, in_ss = ss[0], ss[1:]
+    body = [f"    let gid = (wid.y * nwg.x + wid.x) * {WORKGROUP}u + lid.x;",
+            f"    if (gid >= {total}u) {{ return; }}"]
+    # Coordinates only when some operand is not addressed by the output's linear index.
+    plain = [st == out_ss for st in in_ss]
+    if not all(plain):
+        body.append("    var r = i32(gid);")
+        for j in range(len(dims) - 1, 0, -1):
+            body.append(f"    let c{j} = r % {dims[j]}; r = r / {dims[j]};")
+        body.append("    let c0 = r;")
+    loads = []
+    decls = []
+    for i, (t, st, off) in enumerate(zip(in_types, in_ss, in_offsets, strict=True)):
+        if plain[i] and off == 0:
+            idx = "gid"
+        else:
+            terms = [f"c{j} * {s}" for j, s in enumerate(st) if s != 0]
+            idx = f"u32({' + '.join([str(off), *terms])})"
+        arr = "out" if alias[i] else f"in{i}"
+        raw = f"{arr}[{idx}]"
+        loads.append(f"({raw} != 0u)" if t == "u32" else raw)
+        if not alias[i]:
+            decls.append(f"@group(0) @binding({i}) var<storage, read> in{i}: array<{t}>;")
+    em = _Emitter(loads)
+    value = em.emit(expr)
+    body.extend(em.lines)
+    if out_type == "u32":
+        value = f"select(0u, 1u, {value})"
+    elif expr.kind == BOOL:
+        value = f"{out_type}(select(0, 1, {value}))"
+    elif (out_type == "f32") != (expr.kind == FLOAT):
+        value = f"{out_type}({value})"
+    out_idx = "gid" if out_offset == 0 else f"gid + {out_offset}u"
+    body.append(f"    out[{out_idx}] = {value};")
+    nbind = len(in_types)
+    return "\n".join([
+        PRELUDE,
+        *decls,
+        f"@group(0) @binding({nbind}) var<storage, read_write> out: array<{out_type}>;",
+        f"@compute @workgroup_size({WORKGROUP})",
+        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,",
+        "        @builtin(local_invocation_id) lid: vec3<u32>) {",
+        *body,
+        "}",
+    ])
+
+
+def record_elementwise(be: WgpuBackend, expr: Expr, inputs: list[View], out: View) -> list[Any]:
+    if expr.size() > MAX_EXPR_NODES:
+        raise ValueError(f"elementwise expression of {expr.size()} nodes exceeds the cap of {MAX_EXPR_NODES}")
+    total = out.size
+    if total == 0:
+        return []
+    if not out.is_contiguous():
+        raise ValueError("record_elementwise: the output view must be contiguous")
+    alias = [v.handle == out.handle for v in inputs]
+    in_types = [storage_type(v.dtype) for v in inputs]
+    out_type = storage_type(out.dtype)
+    for i, v in enumerate(inputs):
+        if alias[i] and (in_types[i] != out_type or v.strides != out.strides or v.offset != out.offset):
+            raise ValueError("record_elementwise: an input aliasing the output must have the output's layout")
+    src = generate(expr, in_types, out_type, out.shape, [v.strides for v in inputs], [v.offset for v in inputs],
+                   out.offset, alias)
+    pipeline = be.pipeline(f"ew:{expr.op}", src)
+    # Bindings are numbered by input position; an input aliasing the output is read through `out`.
+    bindings = {i: v.handle for i, v in enumerate(inputs) if not alias[i]}
+    bindings[len(inputs)] = out.handle
+    return [be.dispatch(pipeline, bindings, grid_1d(-(-total // WORKGROUP)), f"ew:{expr.op}")]

@@ -1,0 +1,26 @@
+"""Shared fixtures: every backend test runs once per available backend (ids 'cpu' and 'wgpu')."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ember
+
+BACKENDS = ember.available_backends()
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def be(backend_name: str) -> ember.ComputeBackend:
+    return ember.backend(backend_name)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    # Fresh inputs every run, on purpose; the seed is printed on failure through the test id's repr.
+    return np.random.default_rng()
