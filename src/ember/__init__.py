@@ -9,8 +9,10 @@ from .backends import (
     available_backends,
     backend,
 )
+from .model import Model, TensorInfo, load_onnx
 
 __version__ = "0.1.0"
 
 __all__ = ["BinaryOp", "ComputeBackend", "OutOfMemoryError", "ReduceOp", "UnaryOp", "__version__",
-           "available_backends", "backend"]
+           "Model", "TensorInfo",
+           "available_backends", "backend", "load_onnx"]

@@ -427,6 +427,29 @@ class ComputeBackend(ABC):
         argmin_last (the arg ops need n_reduce == 1 and write int64 indices).
         """
 
+    @abstractmethod
+    def record_pool(self, kind: str, x: View, out: View, kernel: tuple[int, int], stride: tuple[int, int],
+                    pads: tuple[int, int, int, int], dilation: tuple[int, int], count_include_pad: bool,
+                    p: int = 2) -> list:
+        """2-D pooling over NCHW (contiguous x and out): kind "max", "avg" or "lp" (p-norm)."""
+
+    @abstractmethod
+    def record_gather(self, data: View, indices: View, axis: int, out: View) -> list:
+        """out = np.take(data, indices, axis) with negative indices counted from the end (contiguous views)."""
+
+    # ---- tensors with logical dtypes (the runtime's view of memory) ----------------------------------
+    @abstractmethod
+    def storage_itemsize(self, dtype: Any) -> int:
+        """Bytes one element of logical `dtype` takes on this backend."""
+
+    @abstractmethod
+    def upload(self, handle: int, array: np.ndarray) -> None:
+        """Write a C-contiguous array of logical dtype, converting to the storage type."""
+
+    @abstractmethod
+    def download(self, view: View) -> np.ndarray:
+        """A new host array (logical dtype) holding a view's elements."""
+
     def release(self) -> None:
         """Free every live allocation (tests use it to look for leaks)."""
         for handle in list(self._sizes):

@@ -49,6 +49,15 @@ class CpuBackend(ComputeBackend):
     def _device_synchronize(self) -> None:
         pass
 
+    def storage_itemsize(self, dtype: Any) -> int:
+        return np.dtype(dtype).itemsize
+
+    def upload(self, handle: int, array: np.ndarray) -> None:
+        self._device_write(handle, 0, memoryview(np.ascontiguousarray(array)).cast("B"))
+
+    def download(self, view: View) -> np.ndarray:
+        return self.array(view).copy()
+
     def execute(self, steps: list) -> None:
         for step in steps:
             step()
@@ -135,6 +144,57 @@ class CpuBackend(ComputeBackend):
         def step() -> None:
             with np.errstate(all="ignore"):
                 dst[...] = fn(xv, axes)
+
+        return [step]
+
+    def record_pool(self, kind: str, x: View, out: View, kernel: tuple[int, int], stride: tuple[int, int],
+                    pads: tuple[int, int, int, int], dilation: tuple[int, int], count_include_pad: bool,
+                    p: int = 2) -> list[Step]:
+        xv, dst = self.array(x), self.array(out)
+        n, c, h, w = x.shape
+        (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = kernel, stride, pads, dilation
+        oh, ow = out.shape[2:]
+        # Pad far enough that every window (ceil_mode ones too) lies inside; the padding is -inf for max,
+        # 0 for sums, and a 0/1 mask counts the real elements for the average.
+        eh = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - (h + pt))
+        ew = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - (w + pl))
+        fill = -np.inf if kind == "max" else 0
+        padded = np.full((n, c, h + pt + eh, w + pl + ew), fill, xv.dtype)
+        interior = padded[:, :, pt:pt + h, pl:pl + w]
+        ps = padded.strides
+        win = as_strided(padded, (n, c, oh, ow, kh, kw), (*ps[:2], ps[2] * sh, ps[3] * sw, ps[2] * dh, ps[3] * dw))
+        count = None
+        if kind == "avg":
+            mask = np.zeros((1, 1, h + pt + eh, w + pl + ew), xv.dtype)
+            # count_include_pad counts the declared padding, never the extra ceil_mode overhang.
+            if count_include_pad:
+                mask[:, :, : h + pt + pb, : w + pl + pr] = 1
+            else:
+                mask[:, :, pt:pt + h, pl:pl + w] = 1
+            ms = mask.strides
+            mwin = as_strided(mask, (1, 1, oh, ow, kh, kw), (*ms[:2], ms[2] * sh, ms[3] * sw, ms[2] * dh, ms[3] * dw))
+            count = mwin.sum(axis=(4, 5))
+
+        def step() -> None:
+            interior[...] = xv
+            if kind == "max":
+                dst[...] = win.max(axis=(4, 5))
+            elif kind == "avg":
+                dst[...] = win.sum(axis=(4, 5)) / count
+            else:
+                dst[...] = np.power(np.sum(np.power(np.abs(win), p), axis=(4, 5)), 1.0 / p)
+
+        return [step]
+
+    def record_gather(self, data: View, indices: View, axis: int, out: View) -> list[Step]:
+        dv, iv, dst = self.array(data), self.array(indices), self.array(out)
+        dim = data.shape[axis]
+
+        def step() -> None:
+            idx = np.where(iv < 0, iv + dim, iv)
+            if idx.size and (idx.min() < 0 or idx.max() >= dim):
+                raise IndexError(f"Gather: index out of range for axis of size {dim}")
+            dst[...] = np.take(dv, idx, axis=axis)
 
         return [step]
 

@@ -7,7 +7,6 @@ creates no new pipelines (`pipelines_created` counts them).
 
 from __future__ import annotations
 
-import math
 import string
 from importlib import resources
 from typing import Any, NamedTuple
@@ -142,11 +141,18 @@ class WgpuBackend(ComputeBackend):
             array = array.astype(st)
         self._device_write(handle, 0, memoryview(np.ascontiguousarray(array)).cast("B"))
 
-    def download(self, handle: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        st = NUMPY_STORAGE[storage_type(dtype)]
-        n = math.prod(shape)
-        raw = np.frombuffer(self._device_read(handle, 0, n * st.itemsize), st).reshape(shape)
-        return raw.astype(dtype)
+    def download(self, view: View) -> np.ndarray:
+        st = NUMPY_STORAGE[storage_type(view.dtype)]
+        n = view.size
+        if not view.is_contiguous():
+            raise ValueError("download: the view must be contiguous")
+        if n == 0:
+            return np.empty(view.shape, view.dtype)
+        raw = np.frombuffer(self._device_read(view.handle, view.offset * 4, n * st.itemsize), st)
+        return raw.reshape(view.shape).astype(view.dtype)
+
+    def storage_itemsize(self, dtype: Any) -> int:
+        return NUMPY_STORAGE[storage_type(dtype)].itemsize
 
     # ---- kernels ----------------------------------------------------------------------------------
     def kernel_source(self, name: str, **spec: Any) -> str:
@@ -246,6 +252,18 @@ class WgpuBackend(ComputeBackend):
         from .reduce import record_reduce_axes
 
         return record_reduce_axes(self, op, x, out, n_reduce)
+
+    def record_pool(self, kind: str, x: View, out: View, kernel: tuple[int, int], stride: tuple[int, int],
+                    pads: tuple[int, int, int, int], dilation: tuple[int, int], count_include_pad: bool,
+                    p: int = 2) -> list:
+        from .pool import record_pool
+
+        return record_pool(self, kind, x, out, kernel, stride, pads, dilation, count_include_pad, p)
+
+    def record_gather(self, data: View, indices: View, axis: int, out: View) -> list:
+        from .gather import record_gather
+
+        return record_gather(self, data, indices, axis, out)
 
     def record_attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
                          seq_kv: int, head_dim: int, scale: float, causal: bool) -> list:

@@ -8,7 +8,6 @@ compiler turns the remaining divisions by constants into multiplies.
 from __future__ import annotations
 
 import math
-import struct
 from typing import Any
 
 import numpy as np
@@ -188,18 +187,19 @@ def _merge_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple
 
 
 def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, ...],
-             in_strides: list[tuple[int, ...]], in_offsets: list[int], out_offset: int,
-             alias: list[bool]) -> str:
-    """WGSL for out[i] = expr(...) over a contiguous output of `shape`."""
+             in_strides: list[tuple[int, ...]], in_offsets: list[int], out_strides: tuple[int, ...],
+             out_offset: int, alias: list[bool]) -> str:
+    """WGSL for out[...] = expr(...) over an output window of `shape` (strided or not)."""
     total = math.prod(shape)
-    out_strides = View.contiguous(0, np.float32, shape).strides
     dims, ss = _merge_dims(shape, [out_strides, *in_strides])
     out_ss, in_ss = ss[0], ss[1:]
+    linear = list(View.contiguous(0, np.float32, tuple(dims)).strides)
+    out_plain = out_ss == linear
     body = [f"    let gid = (wid.y * nwg.x + wid.x) * {WORKGROUP}u + lid.x;",
             f"    if (gid >= {total}u) {{ return; }}"]
     # Coordinates only when some operand is not addressed by the output's linear index.
-    plain = [st == out_ss for st in in_ss]
-    if not all(plain):
+    plain = [st == linear for st in in_ss]
+    if not all(plain) or not out_plain:
         body.append("    var r = i32(gid);")
         for j in range(len(dims) - 1, 0, -1):
             body.append(f"    let c{j} = r % {dims[j]}; r = r / {dims[j]};")
@@ -226,7 +226,10 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
         value = f"{out_type}(select(0, 1, {value}))"
     elif (out_type == "f32") != (expr.kind == FLOAT):
         value = f"{out_type}({value})"
-    out_idx = "gid" if out_offset == 0 else f"gid + {out_offset}u"
+    if out_plain:
+        out_idx = "gid" if out_offset == 0 else f"gid + {out_offset}u"
+    else:
+        out_idx = f"u32({' + '.join([str(out_offset), *(f'c{j} * {s}' for j, s in enumerate(out_ss) if s)])})"
     body.append(f"    out[{out_idx}] = {value};")
     nbind = len(in_types)
     return "\n".join([
@@ -247,8 +250,8 @@ def record_elementwise(be: WgpuBackend, expr: Expr, inputs: list[View], out: Vie
     total = out.size
     if total == 0:
         return []
-    if not out.is_contiguous():
-        raise ValueError("record_elementwise: the output view must be contiguous")
+    if any(s < 0 for s in out.strides) or any(s == 0 and d > 1 for s, d in zip(out.strides, out.shape, strict=True)):
+        raise ValueError("record_elementwise: the output view must not overlap itself")
     alias = [v.handle == out.handle for v in inputs]
     in_types = [storage_type(v.dtype) for v in inputs]
     out_type = storage_type(out.dtype)
@@ -256,7 +259,7 @@ def record_elementwise(be: WgpuBackend, expr: Expr, inputs: list[View], out: Vie
         if alias[i] and (in_types[i] != out_type or v.strides != out.strides or v.offset != out.offset):
             raise ValueError("record_elementwise: an input aliasing the output must have the output's layout")
     src = generate(expr, in_types, out_type, out.shape, [v.strides for v in inputs], [v.offset for v in inputs],
-                   out.offset, alias)
+                   out.strides, out.offset, alias)
     pipeline = be.pipeline(f"ew:{expr.op}", src)
     # Bindings are numbered by input position; an input aliasing the output is read through `out`.
     bindings = {i: v.handle for i, v in enumerate(inputs) if not alias[i]}

@@ -1,0 +1,575 @@
+"""Matrix products on the wgpu backend: out = act(alpha * a @ b + beta * bias), batched, strided.
+
+Two kernels:
+- a *generated* register-blocked kernel (`TiledGemm`): a BM x BN output tile per workgroup, TM x TN outputs per
+  thread in named vec4 accumulators, A stored transposed in workgroup memory so both operands are read as
+  vec4, two workgroup-memory stages plus a register prefetch (one barrier per K tile). Operands are loaded in
+  "quads" of four consecutive elements along their unit-stride dimension (vec4 loads when aligned, four
+  scalar loads otherwise). Shapes and strides are baked in as constants, and every guard the shape needs (edge
+  tiles, partial vec4s) is emitted, so every index is in range: the module can be trusted. conv.py reuses the
+  generator with an implicit-im2col loader.
+- a simple 16 x 16 tiled kernel over arbitrary (even negative) strides, kernels/matmul_strided.wgsl, for
+  operands with no unit-stride inner dimension.
+
+Operands are bound once per distinct buffer; one that shares the output's buffer (gemm's beta * C, or an
+arena) is read through the read_write output binding, since WebGPU forbids binding a buffer both read-only
+and writable in one dispatch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..base import View
+from ..expr import FLOAT, Expr
+from .backend import WORKGROUPS_PER_DIM, WgpuBackend, grid_1d
+from .elementwise import PRELUDE, _Emitter, float_literal
+
+F32 = np.dtype(np.float32)
+
+
+# ---- small helpers ------------------------------------------------------------------------------------
+def require_f32(op: str, **views: View | None) -> None:
+    for name, v in views.items():
+        if v is not None and np.dtype(v.dtype) != F32:
+            raise NotImplementedError(f"wgpu {op}: {name} has dtype {np.dtype(v.dtype).name}; only float32 is supported")
+
+
+def view_span(v: View) -> tuple[int, int]:
+    """(lowest, highest) element index a non-empty view touches (strides may be negative)."""
+    lo = v.offset + sum((d - 1) * s for d, s in zip(v.shape, v.strides, strict=True) if s < 0)
+    hi = v.offset + sum((d - 1) * s for d, s in zip(v.shape, v.strides, strict=True) if s > 0)
+    return lo, hi
+
+
+def check_view(be: WgpuBackend, v: View, arg: str) -> None:
+    """Host-side bounds check: trusted kernels index without clamps, so every view must fit its buffer."""
+    if v.size == 0:
+        return
+    size = be.nbytes(v.handle, arg)
+    lo, hi = view_span(v)
+    if lo < 0 or (hi + 1) * 4 > size:
+        raise ValueError(f"{arg}: view (shape {v.shape}, strides {v.strides}, offset {v.offset}) reaches elements "
+                         f"[{lo}, {hi}] outside its allocation of {size} bytes")
+
+
+def check_no_overlap(v: View, out: View, arg: str) -> None:
+    """An input that shares the output's buffer must not overlap the written window (no in-place matmul/conv)."""
+    if v.handle != out.handle or v.size == 0 or out.size == 0:
+        return
+    lo, hi = view_span(v)
+    olo, ohi = view_span(out)
+    if lo <= ohi and olo <= hi:
+        raise ValueError(f"{arg} overlaps the output in buffer {v.handle}; the op cannot run in place")
+
+
+def u(v: int) -> str:
+    return f"{int(v)}u"
+
+
+def log2(v: int) -> int:
+    assert v > 0 and v & (v - 1) == 0, v
+    return v.bit_length() - 1
+
+
+def addr(off: int, terms: list[tuple[str, int]]) -> str:
+    """A u32 WGSL expression for off + sum(var * stride), in i32 arithmetic if anything is negative."""
+    terms = [(var, s) for var, s in terms if s != 0]
+    if off >= 0 and all(s > 0 for _, s in terms):
+        parts = [var if s == 1 else f"{var} * {u(s)}" for var, s in terms]
+        if off or not parts:
+            parts.append(u(off))
+        return " + ".join(parts)
+    parts = [f"i32({var})" if s == 1 else f"i32({var}) * {s}i" for var, s in terms]
+    parts.append(f"{off}i")
+    return f"u32({' + '.join(parts)})"
+
+
+def act_lines(act: Expr | None, value: str) -> tuple[list[str], str]:
+    """WGSL lines applying `act` (an Expr over input 0) to `value`, through elementwise.py's emitter."""
+    if act is None:
+        return [], value
+    if act.inputs() - {0}:
+        raise ValueError(f"act: an activation reads input 0 only, got inputs {sorted(act.inputs())}")
+    if act.kind != FLOAT:
+        raise NotImplementedError(f"act: the activation must produce float, got {act.kind}")
+    em = _Emitter([value])
+    result = em.emit(act)
+    return em.lines, result
+
+
+@dataclass
+class Binding:
+    handle: int
+    var: str
+    vec4: bool = False  # declared as array<vec4<f32>>
+
+
+class Bindings:
+    """One binding per distinct buffer; operands in the output's buffer read through `out` (read_write)."""
+
+    def __init__(self, out_handle: int) -> None:
+        self.out_handle = out_handle
+        self.reads: dict[int, Binding] = {}
+
+    def add(self, handle: int, vec4: bool) -> bool:
+        """Register a reader; returns whether it may use vec4 loads (not through the scalar output binding)."""
+        if handle == self.out_handle:
+            return False
+        b = self.reads.get(handle)
+        if b is None:
+            b = self.reads[handle] = Binding(handle, f"buf{len(self.reads)}")
+        b.vec4 = b.vec4 or vec4
+        return vec4
+
+    def var(self, handle: int) -> str:
+        return "out" if handle == self.out_handle else self.reads[handle].var
+
+    def scalar(self, handle: int, index: str) -> str:
+        """A WGSL expression loading one f32 element at `index` (u32 expression)."""
+        if handle != self.out_handle and self.reads[handle].vec4:
+            return f"{self.reads[handle].var}[({index}) >> 2u][({index}) & 3u]"
+        return f"{self.var(handle)}[{index}]"
+
+    def declarations(self) -> list[str]:
+        lines = []
+        for i, b in enumerate(self.reads.values()):
+            t = "vec4<f32>" if b.vec4 else "f32"
+            lines.append(f"@group(0) @binding({i}) var<storage, read> {b.var}: array<{t}>;")
+        lines.append(f"@group(0) @binding({len(self.reads)}) var<storage, read_write> out: array<f32>;")
+        return lines
+
+    def comment(self) -> list[str]:
+        lines = [f"//   binding {i}: {b.var}, buffer {b.handle}, read-only, array<{'vec4<f32>' if b.vec4 else 'f32'}>"
+                 for i, b in enumerate(self.reads.values())]
+        lines.append(f"//   binding {len(self.reads)}: out, buffer {self.out_handle}, read_write, array<f32>")
+        return lines
+
+    def buffers(self) -> dict[int, int]:
+        d = {i: b.handle for i, b in enumerate(self.reads.values())}
+        d[len(self.reads)] = self.out_handle
+        return d
+
+
+# ---- the epilogue: out[z, m, n] = act(alpha * acc + beta * bias[z, m, n]) -----------------------------------
+@dataclass
+class Epilogue:
+    """How an accumulator at (z, m, n) reaches memory. Index expressions are WGSL u32 expressions in z, m, n."""
+
+    out_index: str
+    alpha: float = 1.0
+    bias_index: str | None = None
+    bias_handle: int | None = None
+    beta: float = 1.0
+    act: Expr | None = None
+    guard: str | None = None  # WGSL bool: true where (m, n) is outside the output
+    pre: list[str] = field(default_factory=list)  # lines computing helper values from z, m, n
+
+    def function(self, binds: Bindings) -> str:
+        body = [f"    if ({self.guard}) {{ return; }}"] if self.guard else []
+        body += self.pre
+        value = "acc" if self.alpha == 1.0 else f"{float_literal(self.alpha)} * acc"
+        if self.bias_index is not None and self.beta != 0.0:
+            bias = binds.scalar(self.bias_handle, self.bias_index)
+            value += f" + {bias}" if self.beta == 1.0 else f" + {float_literal(self.beta)} * {bias}"
+        body.append(f"    let v: f32 = {value};")
+        lines, result = act_lines(self.act, "v")
+        body += lines
+        body.append(f"    out[{self.out_index}] = {result};")
+        return "\n".join(["fn epi(acc: f32, z: u32, m: u32, n: u32) {", *body, "}"])
+
+
+def matmul_epilogue(out: View, bias: View | None, alpha: float, beta: float, act: Expr | None,
+                    m_size: int, n_size: int, guard_m: bool, guard_n: bool) -> Epilogue:
+    conds = ([f"m >= {u(m_size)}"] if guard_m else []) + ([f"n >= {u(n_size)}"] if guard_n else [])
+    ep = Epilogue(addr(out.offset, list(zip("zmn", out.strides, strict=True))), alpha=alpha, beta=beta, act=act,
+                  guard=" || ".join(conds) or None)
+    if bias is not None and beta != 0.0:
+        ep.bias_index = addr(bias.offset, list(zip("zmn", bias.strides, strict=True)))
+        ep.bias_handle = bias.handle
+    return ep
+
+
+# ---- the generated register-blocked kernel -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Tile:
+    bm: int  # output rows per workgroup
+    bn: int  # output columns per workgroup
+    bk: int  # K per stage
+    tm: int  # rows per thread (multiple of 4)
+    tn: int  # columns per thread (multiple of 4)
+
+    @property
+    def tx(self) -> int:
+        return self.bn // self.tn
+
+    @property
+    def ty(self) -> int:
+        return self.bm // self.tm
+
+    @property
+    def threads(self) -> int:
+        return self.tx * self.ty
+
+    def smem_bytes(self) -> int:
+        return 2 * self.bk * (self.bm + self.bn) * 4
+
+    def __str__(self) -> str:
+        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}"
+
+
+TILES = {
+    "large": Tile(128, 128, 8, 8, 8),   # 256 threads, 16 vec4 accumulators each
+    "medium": Tile(64, 64, 16, 4, 4),   # 256 threads
+    "small": Tile(32, 32, 8, 4, 4),     # 64 threads
+}
+# Fewer output tiles than this: the GPU would idle, so a smaller tile is chosen (see pick_tile).
+TARGET_WORKGROUPS = 256
+
+
+def pick_tile(be: WgpuBackend, m: int, n: int, z: int) -> Tile:
+    limit = int(be.limits.get("max-compute-workgroup-storage-size", 16384))
+    fits = [t for t in TILES.values() if t.smem_bytes() <= limit]
+    for t in fits[:-1]:
+        if math.ceil(m / t.bm) * math.ceil(n / t.bn) * z >= TARGET_WORKGROUPS:
+            return t
+    return fits[-1]
+
+
+class Loader:
+    """Loads one operand's BK x BX tile (X = M for A, N for B) into workgroup memory laid out [k][x/4] as vec4."""
+
+    prefix: str
+    tile_x: int  # BM or BN
+
+    def quads(self, tile: Tile) -> int:
+        n = tile.bk * self.tile_x // 4
+        assert n % tile.threads == 0, (tile, self.tile_x)
+        return n // tile.threads
+
+    def prologue(self, tile: Tile) -> list[str]:
+        raise NotImplementedError
+
+    def load(self, tile: Tile, k0: str) -> list[str]:
+        raise NotImplementedError
+
+    def store(self, tile: Tile, smem: str, base: str) -> list[str]:
+        raise NotImplementedError
+
+
+@dataclass
+class StridedLoader(Loader):
+    """Operand element (z, x, k) at off + z*sz + x*sx + k*sk, of extent X x K. Quads run along `quad` ('x'/'k')."""
+
+    prefix: str
+    tile_x: int
+    handle: int
+    off: int
+    sz: int
+    sx: int
+    sk: int
+    x_size: int
+    k_size: int
+    quad: str
+    vec4: bool
+    binds: Bindings | None = None
+
+    def _slot(self, tile: Tile, q: int) -> tuple[str, str, str]:
+        """Quad slot q of this thread: (x within the tile, k within the tile, smem vec4 offset) of lid."""
+        bx4, bk4 = self.tile_x // 4, tile.bk // 4
+        v = "lid" if q == 0 else f"(lid + {u(q * tile.threads)})"
+        if self.quad == "x":
+            kr, xq = f"({v} >> {u(log2(bx4))})", f"(({v} & {u(bx4 - 1)}) << 2u)"
+            return xq, kr, f"{kr} * {u(bx4)} + ({v} & {u(bx4 - 1)})"
+        xq, kr = f"({v} >> {u(log2(bk4))})", f"(({v} & {u(bk4 - 1)}) << 2u)"
+        return xq, kr, f"{kr} * {u(bx4)} + ({xq} >> 2u)"
+
+    def prologue(self, tile: Tile) -> list[str]:
+        p, lines = self.prefix, []
+        x0 = "m0" if p == "a" else "n0"
+        for q in range(self.quads(tile)):
+            xq, kr, so = self._slot(tile, q)
+            lines += [f"    let {p}_x{q} = {x0} + {xq};", f"    let {p}_k{q} = {kr};", f"    let {p}_s{q} = {so};"]
+            if self.quad == "k":
+                lines.append(f"    let {p}_c{q} = {xq} & 3u;")
+        return lines
+
+    def load(self, tile: Tile, k0: str) -> list[str]:
+        p, binds = self.prefix, self.binds
+        guard_x = self.x_size % self.tile_x != 0
+        guard_k = self.k_size % tile.bk != 0
+        lines = []
+        for q in range(self.quads(tile)):
+            reg, xv, kv = f"{p}r{q}", f"{p}_x{q}", f"{p}gk{q}"
+            lines.append(f"        {reg} = vec4<f32>(0.0);")
+            lines.append(f"        let {kv} = {k0} + {p}_k{q};")
+            conds = ([f"{xv} < {u(self.x_size)}"] if guard_x else []) + ([f"{kv} < {u(self.k_size)}"] if guard_k else [])
+            ind = "        "
+            if conds:
+                lines.append(f"        if ({' && '.join(conds)}) {{")
+                ind = "            "
+            along, along_size = (xv, self.x_size) if self.quad == "x" else (kv, self.k_size)
+            if self.vec4:
+                # Aligned: the quad's first element is in range, so the whole vec4 lies in the (16-byte padded)
+                # buffer; components past the edge are masked to zero.
+                if self.quad == "x":
+                    idx = addr(self.off // 4, [("z", self.sz // 4), (f"({xv} >> 2u)", 1), (kv, self.sk // 4)])
+                else:
+                    idx = addr(self.off // 4, [("z", self.sz // 4), (xv, self.sx // 4), (f"({kv} >> 2u)", 1)])
+                lines.append(f"{ind}{reg} = {binds.var(self.handle)}[{idx}];")
+                if along_size % 4:
+                    lines.append(f"{ind}{reg} = select(vec4<f32>(0.0), {reg}, vec4<u32>({along}) + "
+                                 f"vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>({u(along_size)}));")
+            else:
+                base = f"{p}e{q}"
+                lines.append(f"{ind}let {base} = {addr(self.off, [('z', self.sz), (xv, self.sx), (kv, self.sk)])};")
+                step = self.sx if self.quad == "x" else self.sk
+                for i, c in enumerate("xyzw"):
+                    e = base if i == 0 else (f"{base} + {u(i * step)}" if step >= 0 else f"{base} - {u(-i * step)}")
+                    load = f"{reg}.{c} = {binds.scalar(self.handle, e)};"
+                    if along_size % 4 and i:
+                        lines.append(f"{ind}if ({along} + {u(i)} < {u(along_size)}) {{ {load} }}")
+                    else:
+                        lines.append(f"{ind}{load}")
+            if conds:
+                lines.append("        }")
+        return lines
+
+    def store(self, tile: Tile, smem: str, base: str) -> list[str]:
+        p, bx4 = self.prefix, self.tile_x // 4
+        lines = []
+        for q in range(self.quads(tile)):
+            reg = f"{p}r{q}"
+            if self.quad == "x":
+                lines.append(f"        {smem}[{base} + {p}_s{q}] = {reg};")
+            else:
+                for i, c in enumerate("xyzw"):
+                    lines.append(f"        {smem}[{base} + {p}_s{q} + {u(i * bx4)}][{p}_c{q}] = {reg}.{c};")
+        return lines
+
+
+def strided_loader(prefix: str, tile_x: int, binds: Bindings, handle: int, off: int, sz: int, sx: int, sk: int,
+                   x_size: int, k_size: int, z_size: int) -> StridedLoader:
+    """Normalise strides of size-1 dims, pick the quad direction (the unit-stride dim) and vec4 eligibility."""
+    sz = 0 if z_size == 1 else sz
+    sx = 0 if x_size == 1 else sx
+    sk = 0 if k_size == 1 else sk
+    if sk == 1 or (k_size == 1 and sx != 1):
+        quad, unit_ok = "k", sk in (0, 1)
+        sk = 1 if k_size == 1 else sk
+        others = (off, sz, sx)
+    else:
+        quad, unit_ok = "x", sx in (0, 1)
+        sx = 1 if x_size == 1 else sx
+        others = (off, sz, sk)
+    want = unit_ok and all(s % 4 == 0 and s >= 0 for s in others)
+    vec4 = binds.add(handle, want)
+    return StridedLoader(prefix, tile_x, handle, off, sz, sx, sk, x_size, k_size, quad, vec4, binds)
+
+
+@dataclass
+class GemmProblem:
+    """One generated tiled kernel: Z independent (M x K) @ (K x N) products (Z = batch or group)."""
+
+    name: str
+    tile: Tile
+    m: int
+    n: int
+    k: int
+    z: int
+    a: Loader
+    b: Loader
+    epilogue: Epilogue
+    binds: Bindings
+    notes: list[str] = field(default_factory=list)
+
+    def grid(self) -> tuple[tuple[int, int, int], bool]:
+        tn, tm = math.ceil(self.n / self.tile.bn), math.ceil(self.m / self.tile.bm)
+        if max(tn, tm, self.z) <= WORKGROUPS_PER_DIM:
+            return (tn, tm, self.z), False
+        return grid_1d(tn * tm * self.z), True
+
+    def source(self) -> str:
+        t = self.tile
+        (gx, gy, gz), linear = self.grid()
+        tn, tm = math.ceil(self.n / t.bn), math.ceil(self.m / t.bm)
+        nt = math.ceil(self.k / t.bk)
+        sa, sb = t.bk * t.bm // 4, t.bk * t.bn // 4  # vec4s per stage
+        head = [
+            f"// ember generated tiled matmul '{self.name}': Z={self.z} x (M={self.m} x K={self.k}) @ (K x N={self.n})",
+            f"// tile {t.bm}x{t.bn}, K step {t.bk}, {t.tm}x{t.tn} outputs per thread, {t.threads} threads,",
+            "// two workgroup-memory stages (A stored transposed) + register prefetch.",
+            "// Bindings (group 0):",
+            *self.binds.comment(),
+            f"// Dispatch grid: {(gx, gy, gz)} = "
+            + ("(N tiles, M tiles, Z)" if not linear else f"{tn * tm * self.z} workgroups linearised (z, m tile, n tile)"),
+            *[f"// {n}" for n in self.notes],
+        ]
+        lines = [
+            *head, PRELUDE, *self.binds.declarations(),
+            f"var<workgroup> As: array<vec4<f32>, {2 * sa}>;",
+            f"var<workgroup> Bs: array<vec4<f32>, {2 * sb}>;",
+            self.epilogue.function(self.binds),
+            f"@compute @workgroup_size({t.threads})",
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,",
+            "        @builtin(local_invocation_index) lid: u32) {",
+        ]
+        if linear:
+            lines += [
+                "    let wg = wid.y * nwg.x + wid.x;",
+                f"    if (wg >= {u(tn * tm * self.z)}) {{ return; }}",
+                f"    let z = wg / {u(tn * tm)};",
+                f"    let tile_m = (wg % {u(tn * tm)}) / {u(tn)};",
+                f"    let tile_n = wg % {u(tn)};",
+            ]
+        else:
+            lines += ["    let tile_n = wid.x;", "    let tile_m = wid.y;", "    let z = wid.z;"]
+        lines += [
+            f"    let m0 = tile_m * {u(t.bm)};",
+            f"    let n0 = tile_n * {u(t.bn)};",
+            f"    let tx = lid & {u(t.tx - 1)};",
+            f"    let ty = lid >> {u(log2(t.tx))};",
+            *self.a.prologue(t),
+            *self.b.prologue(t),
+        ]
+        rows, cols = t.tm, t.tn // 4
+        for r in range(rows):
+            for h in range(cols):
+                lines.append(f"    var c{r}_{h} = vec4<f32>(0.0);")
+        if nt > 0:
+            for q in range(self.a.quads(t)):
+                lines.append(f"    var ar{q}: vec4<f32>;")
+            for q in range(self.b.quads(t)):
+                lines.append(f"    var br{q}: vec4<f32>;")
+            lines += ["    {", *self.a.load(t, "0u"), *self.b.load(t, "0u"),
+                      *self.a.store(t, "As", "0u"), *self.b.store(t, "Bs", "0u"), "    }",
+                      "    workgroupBarrier();",
+                      f"    for (var t = 0u; t < {u(nt)}; t++) {{",
+                      f"        let sa = (t & 1u) * {u(sa)} + ty;",
+                      f"        let sb = (t & 1u) * {u(sb)} + tx;"]
+            if nt > 1:
+                lines += [f"        let more = t + 1u < {u(nt)};",
+                          "        if (more) {",
+                          f"        let k0 = (t + 1u) * {u(t.bk)};",
+                          *self.a.load(t, "k0"), *self.b.load(t, "k0"),
+                          "        }"]
+            for kk in range(t.bk):
+                lines.append("        {")
+                for g in range(rows // 4):
+                    lines.append(f"        let a{g} = As[sa + {u(kk * t.bm // 4 + g * t.ty)}];")
+                for h in range(cols):
+                    lines.append(f"        let b{h} = Bs[sb + {u(kk * t.bn // 4 + h * t.tx)}];")
+                for r in range(rows):
+                    for h in range(cols):
+                        lines.append(f"        c{r}_{h} += a{r // 4}.{'xyzw'[r % 4]} * b{h};")
+                lines.append("        }")
+            if nt > 1:
+                lines += ["        if (more) {",
+                          "        let ns = ((t + 1u) & 1u);",
+                          *self.a.store(t, "As", f"ns * {u(sa)}"), *self.b.store(t, "Bs", f"ns * {u(sb)}"),
+                          "        }"]
+            lines += ["        workgroupBarrier();", "    }"]
+        for r in range(rows):
+            lines.append(f"    let row{r} = m0 + {u((r // 4) * 4 * t.ty + r % 4)} + ty * 4u;")
+        for h in range(cols):
+            lines.append(f"    let col{h} = n0 + {u(h * 4 * t.tx)} + tx * 4u;")
+        for r in range(rows):
+            for h in range(cols):
+                for j, c in enumerate("xyzw"):
+                    col = f"col{h}" if j == 0 else f"col{h} + {u(j)}"
+                    lines.append(f"    epi(c{r}_{h}.{c}, z, row{r}, {col});")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def record(self, be: WgpuBackend) -> list:
+        (gx, gy, gz), _ = self.grid()
+        src = self.source()
+        label = f"{self.name}:{self.tile}"
+        return [be.dispatch(be.pipeline(label, src), self.binds.buffers(), (gx, gy, gz), label)]
+
+
+# ---- the generic strided kernel --------------------------------------------------------------------------------
+STRIDED_TILE = 16
+
+
+def record_strided(be: WgpuBackend, a: View, b: View, out: View, ep: Epilogue, binds: Bindings) -> list:
+    nb, m, k = a.shape
+    n = b.shape[2]
+    tn, tm = math.ceil(n / STRIDED_TILE), math.ceil(m / STRIDED_TILE)
+    linear = max(tn, tm, nb) > WORKGROUPS_PER_DIM
+    grid = grid_1d(tn * tm * nb) if linear else (tn, tm, nb)
+    if linear:
+        coords = (f"let wg = wid.y * nwg.x + wid.x;\n    if (wg >= {u(tn * tm * nb)}) {{ return; }}\n"
+                  f"    let z = wg / {u(tn * tm)};\n    let tile_m = (wg % {u(tn * tm)}) / {u(tn)};\n"
+                  f"    let tile_n = wg % {u(tn)};")
+    else:
+        coords = "let tile_n = wid.x;\n    let tile_m = wid.y;\n    let z = wid.z;"
+    a_idx = addr(a.offset, [("z", a.strides[0]), ("gm", a.strides[1]), ("ak", a.strides[2])])
+    b_idx = addr(b.offset, [("z", b.strides[0]), ("bk", b.strides[1]), ("gn", b.strides[2])])
+    header = "\n".join([
+        f"// ember strided matmul: Z={nb} x (M={m} x K={k}) @ (K x N={n}); A strides {a.strides}, B strides "
+        f"{b.strides}", "// Bindings (group 0):", *binds.comment(),
+        f"// Dispatch grid: {grid}" + (" (linearised z, m tile, n tile)" if linear else " = (N tiles, M tiles, Z)")])
+    src = be.kernel_source(
+        "matmul_strided", HEADER=header, PRELUDE=PRELUDE, BINDINGS="\n".join(binds.declarations()),
+        EPILOGUE=ep.function(binds), COORDS=coords, M=u(m), N=u(n), K=u(k), KTILES=u(math.ceil(k / STRIDED_TILE)),
+        LOAD_A=binds.scalar(a.handle, a_idx), LOAD_B=binds.scalar(b.handle, b_idx))
+    label = "matmul_strided"
+    return [be.dispatch(be.pipeline(label, src), binds.buffers(), grid, label)]
+
+
+# ---- entry point ---------------------------------------------------------------------------------------------
+def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
+                  beta: float = 1.0, act: Expr | None = None) -> list:
+    require_f32("matmul", a=a, b=b, out=out, bias=bias)
+    for name, v in (("a", a), ("b", b), ("out", out)):
+        if len(v.shape) != 3:
+            raise ValueError(f"matmul: {name} must be a 3-D view (B, rows, cols), got shape {v.shape}")
+    nb, m, k = a.shape
+    if b.shape[0] != nb or b.shape[1] != k or out.shape != (nb, m, b.shape[2]):
+        raise ValueError(f"matmul: shapes a {a.shape} @ b {b.shape} -> out {out.shape} do not match "
+                         "(B, M, K) @ (B, K, N) -> (B, M, N)")
+    n = b.shape[2]
+    if out.size == 0:
+        return []
+    alpha, beta = float(alpha), float(beta)
+    if bias is not None and beta == 0.0:
+        bias = None  # BLAS: beta = 0 ignores the old contents, NaN included
+    if bias is not None:
+        require_f32("matmul", bias=bias)
+        bias = bias.broadcast_to(out.shape)
+    for name, v in (("a", a), ("b", b), ("out", out), ("bias", bias)):
+        if v is not None:
+            check_view(be, v, name)
+    if any(s == 0 for d, s in zip(out.shape, out.strides, strict=True) if d > 1):
+        raise ValueError(f"out: a broadcast (stride 0) output view {out.strides} would write elements twice")
+    check_no_overlap(a, out, "a")
+    check_no_overlap(b, out, "b")
+    if bias is not None and bias.handle == out.handle and (bias.strides, bias.offset) != (out.strides, out.offset):
+        check_no_overlap(bias, out, "bias")
+
+    binds = Bindings(out.handle)
+    a_unit = (k == 1 or a.strides[2] == 1 or m == 1 or a.strides[1] == 1)
+    b_unit = (n == 1 or b.strides[2] == 1 or k == 1 or b.strides[1] == 1)
+    if not (a_unit and b_unit) or any(s < 0 for s in a.strides + b.strides):
+        binds.add(a.handle, False)
+        binds.add(b.handle, False)
+        if bias is not None:
+            binds.add(bias.handle, False)
+        ep = matmul_epilogue(out, bias, alpha, beta, act, m, n, True, True)
+        return record_strided(be, a, b, out, ep, binds)
+
+    tile = pick_tile(be, m, n, nb)
+    la = strided_loader("a", tile.bm, binds, a.handle, a.offset, a.strides[0], a.strides[1], a.strides[2], m, k, nb)
+    lb = strided_loader("b", tile.bn, binds, b.handle, b.offset, b.strides[0], b.strides[2], b.strides[1], n, k, nb)
+    if bias is not None:
+        binds.add(bias.handle, False)
+    ep = matmul_epilogue(out, bias, alpha, beta, act, m, n, m % tile.bm != 0, n % tile.bn != 0)
+    prob = GemmProblem("matmul", tile, m, n, k, nb, la, lb, ep, binds,
+                       notes=[f"A quads along {la.quad}{' (vec4)' if la.vec4 else ''}, "
+                              f"B quads along {lb.quad}{' (vec4)' if lb.vec4 else ''}"])
+    return prob.record(be)
+

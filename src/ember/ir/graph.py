@@ -1,0 +1,59 @@
+"""The one typed graph IR: values with dtype and (maybe symbolic) shape, nodes in topological order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Dim = int | str | None  # int: fixed; str: symbolic (e.g. "batch"); None: unknown
+Shape = tuple[Dim, ...]
+
+
+@dataclass
+class ValueInfo:
+    name: str
+    dtype: np.dtype | None
+    shape: Shape | None  # None: rank unknown
+
+    def __repr__(self) -> str:
+        dims = "?" if self.shape is None else "x".join(str(d) for d in self.shape) or "scalar"
+        return f"{self.name}: {self.dtype} [{dims}]"
+
+
+@dataclass
+class Node:
+    op_type: str
+    domain: str
+    inputs: list[str]  # "" marks an omitted optional input
+    outputs: list[str]
+    attrs: dict[str, Any]
+    name: str
+    opset: int  # the model's opset version for this node's domain
+
+    def describe(self) -> str:
+        dom = self.domain or "ai.onnx"
+        return f"{self.op_type} (domain {dom}, opset {self.opset}, node {self.name!r})"
+
+
+@dataclass
+class Graph:
+    nodes: list[Node]
+    inputs: list[ValueInfo]  # graph inputs fed by the user (initializers excluded)
+    outputs: list[ValueInfo]
+    initializers: dict[str, np.ndarray]
+    value_info: dict[str, ValueInfo] = field(default_factory=dict)
+    opsets: dict[str, int] = field(default_factory=dict)
+    name: str = ""
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    out.setdefault(i, []).append(n)
+        return out

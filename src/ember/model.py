@@ -1,0 +1,173 @@
+"""`ember.load_onnx` and `Model`: the user-facing ONNX runtime."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .backends import backend as make_backend
+from .backends import canonical_name
+from .ir import Graph
+from .onnx.importer import load
+from .ops import UnsupportedError, lookup
+from .plan import Plan, build_plan
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int | str | None, ...]
+    dtype: np.dtype
+
+    def __repr__(self) -> str:
+        return f"TensorInfo(name={self.name!r}, shape={list(self.shape)}, dtype={self.dtype})"
+
+
+def check_supported(graph: Graph) -> None:
+    """NotImplementedError naming every node ember cannot run (not only the first)."""
+    problems = []
+    for node in graph.nodes:
+        cls = lookup(node)
+        if cls is None:
+            problems.append(f"  {node.describe()}")
+            continue
+        try:
+            cls(node)
+        except UnsupportedError as e:
+            problems.append(f"  {e}")
+    if problems:
+        raise NotImplementedError(f"{len(problems)} unsupported node(s) in the model:\n" + "\n".join(problems))
+
+
+def cast_feed(name: str, value: Any, expected: np.dtype) -> np.ndarray:
+    """The casting rule for feeds: a value converts only within its kind (float->float, int->int at a
+    width that holds every value, bool->bool). int->float, float->int or anything -> bool is refused,
+    so a wrong feed never turns into a silently different number."""
+    arr = np.asarray(value)
+    if arr.dtype == expected:
+        return arr
+    kinds = {"f": "f", "i": "i", "u": "i", "b": "b"}
+    got_kind, want_kind = kinds.get(arr.dtype.kind), kinds.get(expected.kind)
+    if got_kind is None or got_kind != want_kind:
+        raise ValueError(f"input {name!r}: expected dtype {expected}, got {arr.dtype} (ember casts only within "
+                         f"a kind: float->float, int->int)")
+    if want_kind == "i" and arr.size:
+        info = np.iinfo(expected)
+        lo, hi = arr.min(), arr.max()
+        if lo < info.min or hi > info.max:
+            raise ValueError(f"input {name!r}: values [{lo}, {hi}] do not fit in the expected dtype {expected}")
+    return arr.astype(expected)
+
+
+class Model:
+    """A loaded ONNX model bound to one backend. Plans are built once per input-shape signature."""
+
+    def __init__(self, graph: Graph, backend_name: str, source: str, **backend_opts: Any) -> None:
+        self.graph = graph
+        self.source = source
+        self._be = make_backend(backend_name, **backend_opts)
+        self._plans: dict[tuple, Plan] = {}
+        self._lock = threading.Lock()
+        self.inputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.inputs]
+        self.outputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.outputs]
+        self._stats: dict[str, int] = {}
+        for vi in graph.inputs:
+            if vi.dtype is None or vi.shape is None:
+                raise ValueError(f"input {vi.name!r}: the model declares no tensor dtype/shape")
+        # Everything static is compiled now, so the first run is as cheap as the others.
+        if all(isinstance(d, int) for v in graph.inputs for d in v.shape):
+            self._plan({v.name: tuple(v.shape) for v in graph.inputs})
+
+    @property
+    def backend(self) -> str:
+        return self._be.name
+
+    @property
+    def compute_backend(self) -> Any:
+        return self._be
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{i.name}: {i.dtype}{list(i.shape)}" for i in self.inputs)
+        outs = ", ".join(f"{o.name}: {o.dtype}{list(o.shape)}" for o in self.outputs)
+        return f"<ember.Model {len(self.graph.nodes)} nodes on {self.backend!r}; inputs ({ins}); outputs ({outs})>"
+
+    def _plan(self, shapes: dict[str, tuple[int, ...]]) -> Plan:
+        key = tuple(shapes[v.name] for v in self.graph.inputs)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = build_plan(self.graph, self._be, shapes)
+        return plan
+
+    def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if not isinstance(feeds, Mapping):
+            raise TypeError(f"feeds must be a mapping of input name -> array, got {type(feeds).__name__}")
+        names = {i.name for i in self.inputs}
+        unknown = sorted(set(feeds) - names)
+        if unknown:
+            raise ValueError(f"unknown input name(s) {unknown}; the model's inputs are {sorted(names)}")
+        missing = [i.name for i in self.inputs if i.name not in feeds]
+        if missing:
+            raise ValueError(f"missing input(s) {missing}; the model's inputs are {[i.name for i in self.inputs]}")
+        out = {}
+        symbols: dict[str, int] = {}
+        for info in self.inputs:
+            arr = cast_feed(info.name, feeds[info.name], info.dtype)
+            if arr.ndim != len(info.shape):
+                raise ValueError(f"input {info.name!r}: expected rank {len(info.shape)} (shape {list(info.shape)}), "
+                                 f"got rank {arr.ndim} (shape {list(arr.shape)})")
+            for axis, (want, got) in enumerate(zip(info.shape, arr.shape, strict=True)):
+                if isinstance(want, int) and want != got:
+                    raise ValueError(f"input {info.name!r}: dim {axis} must be {want}, got {got} "
+                                     f"(shape {list(arr.shape)}, expected {list(info.shape)})")
+                if isinstance(want, str):
+                    if symbols.setdefault(want, got) != got:
+                        raise ValueError(f"input {info.name!r}: dim {axis} ({want!r}) is {got}, but another input "
+                                         f"set {want!r} to {symbols[want]}")
+            out[info.name] = np.ascontiguousarray(arr)
+        return out
+
+    def run(self, feeds: Mapping[str, Any], output_names: list[str] | None = None) -> dict[str, np.ndarray]:
+        arrays = self._check_feeds(feeds)
+        if output_names is not None:
+            known = [o.name for o in self.outputs]
+            bad = [n for n in output_names if n not in known]
+            if bad:
+                raise ValueError(f"unknown output name(s) {bad}; the model's outputs are {known}")
+        with self._lock:
+            plan = self._plan({k: v.shape for k, v in arrays.items()})
+            result = plan.run(arrays, output_names)
+            for k, v in plan.stats.items():
+                self._stats[k] = self._stats.get(k, 0) + v
+        names = output_names if output_names is not None else [o.name for o in self.outputs]
+        return {n: result[n] for n in names}
+
+    def __call__(self, *arrays: Any) -> list[np.ndarray]:
+        if len(arrays) != len(self.inputs):
+            raise ValueError(f"expected {len(self.inputs)} positional input(s) "
+                             f"{[i.name for i in self.inputs]}, got {len(arrays)}")
+        result = self.run({i.name: a for i, a in zip(self.inputs, arrays, strict=True)})
+        return [result[o.name] for o in self.outputs]
+
+    def stats(self) -> dict[str, int]:
+        """Per-model counters: which arm ran for each fused pattern, summed over runs."""
+        with self._lock:
+            return dict(self._stats)
+
+
+def load_onnx(model: Any, backend: str = "auto", **options: Any) -> Model:
+    """Load an ONNX model (path, bytes or onnx.ModelProto) onto a backend ("auto", "wgpu", "cpu")."""
+    if backend != "auto":
+        backend = canonical_name(backend)
+    graph, source = load(model)
+    check_supported(graph)
+    name = backend
+    try:
+        return Model(graph, backend, source, **options)
+    except (NotImplementedError, ValueError, FileNotFoundError, TypeError):
+        raise
+    except Exception as e:
+        raise RuntimeError(f"failed to load model on backend '{name}': {type(e).__name__}: {e}") from e

@@ -1,0 +1,1 @@
+"""ONNX import: ModelProto -> ember IR (importer), graph clean-up (optimize)."""

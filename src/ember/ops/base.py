@@ -1,0 +1,154 @@
+"""Op registry and the context ops run in.
+
+One class per ONNX op (as in onnx.reference), registered by (domain, op_type) with the opset version it
+is valid `since`; one implementation serves every later opset with the same meaning. An op's `run`
+takes input tensors and returns output tensors, recording backend steps through the context: the same
+code builds a plan on any backend and folds constants on the cpu backend.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..backends.base import ComputeBackend, View
+from ..ir import Node
+
+
+@dataclass
+class T:
+    """A tensor while planning: static dtype and shape, a host value (constant) and/or a device view."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    value: np.ndarray | None = None
+    view: View | None = None
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def is_const(self) -> bool:
+        return self.value is not None
+
+
+class UnsupportedError(NotImplementedError):
+    """An op (or an attribute/dtype combination of it) that a backend cannot run."""
+
+
+class Context:
+    """Where an op records its work: allocation, constants on the device, and steps."""
+
+    def __init__(self, backend: ComputeBackend) -> None:
+        self.backend = backend
+        self.steps: list = []
+        self.handles: list[int] = []  # allocations made while planning (owned by the plan)
+        self._uploaded: dict[int, View] = {}
+        self.stats: dict[str, int] = {}
+
+    # ---- tensors ----------------------------------------------------------------------------------
+    def alloc(self, dtype: Any, shape: Sequence[int]) -> View:
+        dtype = np.dtype(dtype)
+        n = max(math.prod(shape), 1)
+        handle = self.backend.alloc(n * self.backend.storage_itemsize(dtype))
+        self.handles.append(handle)
+        return View.contiguous(handle, dtype, shape)
+
+    def new(self, dtype: Any, shape: Sequence[int]) -> T:
+        shape = tuple(int(d) for d in shape)
+        return T(np.dtype(dtype), shape, view=self.alloc(dtype, shape))
+
+    def const(self, value: Any, dtype: Any = None) -> T:
+        arr = np.asarray(value, dtype=dtype)
+        return T(arr.dtype, arr.shape, value=arr)
+
+    def view(self, t: T) -> View:
+        """The device view of t; a constant is uploaded once, on first use."""
+        if t.view is not None:
+            return t.view
+        assert t.value is not None
+        v = self._uploaded.get(id(t))
+        if v is None:
+            v = self.alloc(t.dtype, t.shape)
+            self.backend.upload(v.handle, np.ascontiguousarray(t.value, t.dtype))
+            self._uploaded[id(t)] = v
+            t.view = v
+        return v
+
+    def contiguous(self, t: T) -> View:
+        v = self.view(t)
+        if v.is_contiguous():
+            return v
+        from ..backends.expr import inp
+
+        out = self.alloc(t.dtype, t.shape)
+        self.record(self.backend.record_elementwise(inp(0, kind_of(t.dtype)), [v], out))
+        return out
+
+    def record(self, steps: list) -> None:
+        self.steps.extend(steps)
+
+    def count(self, key: str) -> None:
+        self.stats[key] = self.stats.get(key, 0) + 1
+
+
+def kind_of(dtype: Any) -> str:
+    k = np.dtype(dtype).kind
+    return "float" if k == "f" else "bool" if k == "b" else "int"
+
+
+class Op:
+    """Base of every op. Subclasses set op_type/since and `attrs` (schema defaults) and define run()."""
+
+    op_type: ClassVar[str]
+    domain: ClassVar[str] = ""
+    since: ClassVar[int] = 1
+    attrs: ClassVar[dict[str, Any]] = {}
+    # Inputs whose *value* (not just shape) the op needs at plan time (e.g. Reshape's shape).
+    host_inputs: ClassVar[tuple[int, ...]] = ()
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        # consumed_inputs is a pre-opset-6 memory hint with no effect on results.
+        unknown = set(node.attrs) - set(self.attrs) - {"consumed_inputs"}
+        if unknown:
+            raise UnsupportedError(f"{node.describe()}: unsupported attribute(s) {sorted(unknown)}")
+        self.a = {**self.attrs, **{k: v for k, v in node.attrs.items() if k != "consumed_inputs"}}
+
+    def run(self, ctx: Context, *inputs: T | None) -> list[T]:
+        raise NotImplementedError
+
+    def fail(self, message: str) -> UnsupportedError:
+        return UnsupportedError(f"{self.node.describe()}: {message}")
+
+
+REGISTRY: dict[tuple[str, str], list[type[Op]]] = {}
+
+
+def register(op_type: str, since: int = 1, domain: str = "") -> Callable[[type[Op]], type[Op]]:
+    def deco(cls: type[Op]) -> type[Op]:
+        sub = type(cls.__name__, (cls,), {"op_type": op_type, "since": since, "domain": domain})
+        entries = REGISTRY.setdefault((domain, op_type), [])
+        entries.append(sub)
+        entries.sort(key=lambda c: c.since)
+        return cls
+
+    return deco
+
+
+def lookup(node: Node) -> type[Op] | None:
+    """The implementation valid at the node's opset: the newest registered `since` <= opset."""
+    entries = REGISTRY.get((node.domain, node.op_type))
+    if not entries:
+        return None
+    valid = [c for c in entries if c.since <= node.opset]
+    return valid[-1] if valid else None

@@ -1,0 +1,284 @@
+"""Elementwise ONNX ops: each builds an Expr; one generated kernel per node, numpy broadcasting included."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from ..backends.expr import BOOL, FLOAT, INT, Expr, call, const, inp
+from .base import Context, Op, T, kind_of, register
+
+
+def broadcast_shape(op: Op, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ValueError(f"{op.node.describe()}: input shapes {shapes} do not broadcast") from None
+
+
+def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype) -> T:
+    shape = broadcast_shape(op, [t.shape for t in inputs])
+    out = ctx.new(out_dtype, shape)
+    if out.size:
+        views = [ctx.view(t).broadcast_to(shape) for t in inputs]
+        ctx.record(ctx.backend.record_elementwise(expr, views, out.view))
+    return out
+
+
+def args(inputs: list[T]) -> list[Expr]:
+    return [inp(i, kind_of(t.dtype)) for i, t in enumerate(inputs)]
+
+
+class Unary(Op):
+    """An op whose result is `build(x, attrs)` with the input's dtype."""
+
+    build: Callable[..., Expr]
+
+    def run(self, ctx: Context, x: T) -> list[T]:
+        return [emit(ctx, self, self.build(inp(0, kind_of(x.dtype))), [x], x.dtype)]
+
+
+def unary(op_type: str, since: int, build: Callable[[Expr], Expr], attrs: dict | None = None) -> None:
+    if attrs:
+        def b(self: Op, x: Expr) -> Expr:
+            return build(x, **self.a)
+    else:
+        def b(self: Op, x: Expr) -> Expr:
+            return build(x)
+    cls = type(op_type, (Unary,), {"attrs": attrs or {}, "build": b})
+    register(op_type, since)(cls)
+
+
+for _name, _fn in {"Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
+                   "Reciprocal": "reciprocal", "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign",
+                   "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Sin": "sin", "Cos": "cos",
+                   "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh",
+                   "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "Softplus": "softplus",
+                   "Softsign": "softsign"}.items():
+    unary(_name, 1, lambda x, f=_fn: call(f, x))
+
+
+def _f(v: float) -> Expr:
+    return const(v, FLOAT)
+
+
+def _where_neg(x: Expr, neg: Expr) -> Expr:
+    return call("where", call("lt", x, _f(0.0)), neg, x)
+
+
+unary("LeakyRelu", 1, lambda x, alpha: _where_neg(x, call("mul", _f(alpha), x)), {"alpha": 0.01})
+unary("Elu", 1, lambda x, alpha: _where_neg(x, call("mul", _f(alpha), call("sub", call("exp", x), _f(1.0)))),
+      {"alpha": 1.0})
+unary("Selu", 1, lambda x, alpha, gamma: call("mul", _f(gamma), call(
+    "where", call("le", x, _f(0.0)), call("mul", _f(alpha), call("sub", call("exp", x), _f(1.0))), x)),
+    {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875})
+unary("Celu", 12, lambda x, alpha: call("add", call("max", _f(0.0), x), call(
+    "min", _f(0.0), call("mul", _f(alpha), call("sub", call("exp", call("div", x, _f(alpha))), _f(1.0))))),
+    {"alpha": 1.0})
+unary("HardSigmoid", 1, lambda x, alpha, beta: call("max", _f(0.0), call(
+    "min", _f(1.0), call("add", call("mul", _f(alpha), x), _f(beta)))), {"alpha": 0.2, "beta": 0.5})
+unary("HardSwish", 14, lambda x: call("mul", x, call("max", _f(0.0), call(
+    "min", _f(1.0), call("add", call("mul", _f(1.0 / 6.0), x), _f(0.5))))))
+unary("ThresholdedRelu", 10, lambda x, alpha: call("where", call("gt", x, _f(alpha)), x, _f(0.0)), {"alpha": 1.0})
+unary("Mish", 18, lambda x: call("mul", x, call("tanh", call("softplus", x))))
+unary("Shrink", 9, lambda x, bias, lambd: call("where", call("lt", x, _f(-lambd)), call("add", x, _f(bias)), call(
+    "where", call("gt", x, _f(lambd)), call("sub", x, _f(bias)), _f(0.0))), {"bias": 0.0, "lambd": 0.5})
+
+
+@register("Gelu", 20)
+class Gelu(Op):
+    attrs = {"approximate": "none"}
+
+    def run(self, ctx: Context, x: T) -> list[T]:
+        fn = "gelu_tanh" if self.a["approximate"] == "tanh" else "gelu"
+        return [emit(ctx, self, call(fn, inp(0)), [x], x.dtype)]
+
+
+@register("IsNaN", 9)
+class IsNaN(Op):
+    def run(self, ctx: Context, x: T) -> list[T]:
+        return [emit(ctx, self, call("isnan", inp(0)), [x], np.dtype(bool))]
+
+
+@register("IsInf", 10)
+class IsInf(Op):
+    attrs = {"detect_negative": 1, "detect_positive": 1}
+
+    def run(self, ctx: Context, x: T) -> list[T]:
+        neg, pos = self.a["detect_negative"], self.a["detect_positive"]
+        fn = "isinf" if neg and pos else "isposinf" if pos else "isneginf" if neg else None
+        expr = call(fn, inp(0)) if fn else const(False, BOOL)
+        return [emit(ctx, self, expr, [x], np.dtype(bool))]
+
+
+@register("Not", 1)
+class Not(Op):
+    def run(self, ctx: Context, x: T) -> list[T]:
+        return [emit(ctx, self, call("not", inp(0, BOOL)), [x], np.dtype(bool))]
+
+
+class Binary(Op):
+    fn: str
+    result_bool = False
+    attrs = {"broadcast": 0, "axis": None}
+
+    def run(self, ctx: Context, a: T, b: T) -> list[T]:
+        if a.dtype != b.dtype:
+            raise self.fail(f"operand dtypes differ: {a.dtype} and {b.dtype}")
+        if self.a["broadcast"] and self.a["axis"] is not None:
+            # Before opset 7, B broadcasts from `axis` of A rather than from the right.
+            from .shape import reshape_view
+
+            axis = self.a["axis"] % a.rank
+            b = reshape_view(ctx, b, b.shape + (1,) * (a.rank - axis - b.rank))
+        out_dtype = np.dtype(bool) if self.result_bool else a.dtype
+        return [emit(ctx, self, call(self.fn, *args([a, b])), [a, b], out_dtype)]
+
+
+for _name, _fn, _since in [("Add", "add", 1), ("Sub", "sub", 1), ("Mul", "mul", 1), ("Div", "div", 1)]:
+    register(_name, _since)(type(_name, (Binary,), {"fn": _fn}))
+for _name, _fn, _since in [("Equal", "eq", 7), ("Less", "lt", 7), ("Greater", "gt", 7),
+                           ("LessOrEqual", "le", 12), ("GreaterOrEqual", "ge", 12), ("And", "and", 7),
+                           ("Or", "or", 7), ("Xor", "xor", 7)]:
+    register(_name, _since)(type(_name, (Binary,), {"fn": _fn, "result_bool": True}))
+
+
+@register("Pow", 7)
+class Pow(Op):
+    def run(self, ctx: Context, x: T, y: T) -> list[T]:
+        ex, ey = args([x, y])
+        if kind_of(y.dtype) != kind_of(x.dtype):
+            ey = call("to_float" if kind_of(x.dtype) == FLOAT else "to_int", ey)
+        return [emit(ctx, self, call("pow", ex, ey), [x, y], x.dtype)]
+
+
+@register("Mod", 10)
+class Mod(Op):
+    attrs = {"fmod": 0}
+
+    def run(self, ctx: Context, a: T, b: T) -> list[T]:
+        fn = "fmod" if self.a["fmod"] else "mod"
+        return [emit(ctx, self, call(fn, *args([a, b])), [a, b], a.dtype)]
+
+
+@register("PRelu", 7)
+class PRelu(Op):
+    def run(self, ctx: Context, x: T, slope: T) -> list[T]:
+        ex, es = args([x, slope])
+        return [emit(ctx, self, _where_neg(ex, call("mul", es, ex)), [x, slope], x.dtype)]
+
+
+class Variadic(Op):
+    """Max/Min/Sum/Mean over any number of broadcast inputs, folded into one kernel."""
+
+    fn: str
+    mean = False
+
+    def run(self, ctx: Context, *xs: T) -> list[T]:
+        ex = args(list(xs))
+        acc = ex[0]
+        for e in ex[1:]:
+            acc = call(self.fn, acc, e)
+        if self.mean:
+            acc = call("div", acc, const(len(xs), kind_of(xs[0].dtype)))
+        return [emit(ctx, self, acc, list(xs), xs[0].dtype)]
+
+
+for _name, _fn, _mean in [("Max", "max", False), ("Min", "min", False), ("Sum", "add", False),
+                          ("Mean", "add", True)]:
+    register(_name, 1)(type(_name, (Variadic,), {"fn": _fn, "mean": _mean}))
+
+
+@register("Where", 9)
+class Where(Op):
+    def run(self, ctx: Context, c: T, x: T, y: T) -> list[T]:
+        return [emit(ctx, self, call("where", *args([c, x, y])), [c, x, y], x.dtype)]
+
+
+@register("Clip", 6)
+class Clip(Op):
+    attrs = {"min": -math.inf, "max": math.inf}
+
+    def run(self, ctx: Context, x: T, lo: T | None = None, hi: T | None = None) -> list[T]:
+        k = kind_of(x.dtype)
+        e = inp(0, k)
+        inputs = [x]
+        if self.node.opset < 11:
+            lo_v, hi_v = self.a["min"], self.a["max"]
+            if lo_v != -math.inf:
+                e = call("max", e, const(lo_v, k))
+            if hi_v != math.inf:
+                e = call("min", e, const(hi_v, k))
+        else:
+            for bound, fn in ((lo, "max"), (hi, "min")):
+                if bound is None:
+                    continue
+                if bound.is_const:
+                    e = call(fn, e, const(bound.value.item(), k))
+                else:
+                    inputs.append(bound)
+                    e = call(fn, e, inp(len(inputs) - 1, k))
+        return [emit(ctx, self, e, inputs, x.dtype)]
+
+
+def cast_expr(e: Expr, to: np.dtype) -> Expr:
+    k = kind_of(to)
+    if e.kind == k:
+        return e
+    return call({FLOAT: "to_float", INT: "to_int", BOOL: "to_bool"}[k], e)
+
+
+@register("Cast", 6)
+class Cast(Op):
+    attrs = {"to": 1, "saturate": 1, "round_mode": "up"}
+
+    def run(self, ctx: Context, x: T) -> list[T]:
+        from onnx import helper
+
+        try:
+            to = np.dtype(helper.tensor_dtype_to_np_dtype(self.a["to"]))
+        except Exception:
+            raise self.fail(f"cast to ONNX type {self.a['to']} is not supported") from None
+        if to.kind not in "fiub" or x.dtype.kind not in "fiub":
+            raise self.fail(f"cast {x.dtype} -> {to} is not supported")
+        if x.dtype == to:
+            return [x]
+        return [emit(ctx, self, cast_expr(inp(0, kind_of(x.dtype)), to), [x], to)]
+
+
+@register("CastLike", 15)
+class CastLike(Op):
+    attrs = {"saturate": 1, "round_mode": "up"}
+
+    def run(self, ctx: Context, x: T, like: T) -> list[T]:
+        if x.dtype == like.dtype:
+            return [x]
+        return [emit(ctx, self, cast_expr(inp(0, kind_of(x.dtype)), like.dtype), [x], like.dtype)]
+
+
+@register("Identity", 1)
+class Identity(Op):
+    """Dropped: its output is its input (no step)."""
+
+    def run(self, ctx: Context, x: T) -> list[T]:
+        return [x]
+
+
+@register("Dropout", 1)
+class Dropout(Op):
+    """Inference mode: the identity, and an all-true mask when the mask output is used."""
+
+    attrs = {"ratio": 0.5, "seed": 0, "is_test": 0, "consumed_inputs": []}
+
+    def run(self, ctx: Context, x: T, ratio: T | None = None, training: T | None = None) -> list[T]:
+        if training is not None and (not training.is_const or bool(training.value)):
+            raise self.fail("training-mode Dropout is not supported")
+        outs = [x]
+        if len(self.node.outputs) > 1 and self.node.outputs[1]:
+            outs.append(ctx.const(np.ones(x.shape, bool)))
+        return outs
+
+
+__all__ = ["INT", "Binary", "Unary", "broadcast_shape", "emit"]

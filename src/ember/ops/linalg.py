@@ -1,0 +1,97 @@
+"""Gemm and MatMul: both become one backend matmul with transposes and broadcasts expressed as strides."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..backends.base import View
+from .base import Context, Op, T, register
+from .shape import reshape_view
+
+
+def as_3d(v: View, batch: tuple[int, ...]) -> View | None:
+    """(*batch, R, C) -> (B, R, C) when the batch dims collapse to one stride; None if they do not."""
+    dims = [(d, s) for d, s in zip(batch, v.strides[:-2], strict=True) if d != 1]
+    for (_d0, s0), (d1, s1) in zip(dims, dims[1:], strict=False):
+        if s0 != s1 * d1:
+            return None
+    stride = dims[-1][1] if dims else 0
+    return View(v.handle, v.dtype, (math.prod(batch),) + v.shape[-2:], (stride,) + v.strides[-2:], v.offset)
+
+
+@register("MatMul", 1)
+class MatMul(Op):
+    def run(self, ctx: Context, a: T, b: T) -> list[T]:
+        if a.dtype.kind != "f" or b.dtype != a.dtype:
+            raise self.fail(f"MatMul of {a.dtype} x {b.dtype} is not supported (float tensors only)")
+        if a.rank == 0 or b.rank == 0:
+            raise ValueError(f"{self.node.describe()}: MatMul operands must not be scalars")
+        a2 = reshape_view(ctx, a, (1,) + a.shape) if a.rank == 1 else a
+        b2 = reshape_view(ctx, b, b.shape + (1,)) if b.rank == 1 else b
+        m, k = a2.shape[-2:]
+        k2, n = b2.shape[-2:]
+        if k != k2:
+            raise ValueError(f"{self.node.describe()}: inner dims differ: {a.shape} @ {b.shape}")
+        try:
+            batch = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
+        except ValueError:
+            raise ValueError(f"{self.node.describe()}: batch dims of {a.shape} and {b.shape} do not broadcast") from None
+        out = ctx.new(a.dtype, batch + (m, n))
+        if out.size:
+            av = ctx.view(a2).broadcast_to(batch + (m, k))
+            bv = ctx.view(b2).broadcast_to(batch + (k, n))
+            bsz = math.prod(batch)
+            a3 = as_3d(av, batch) if bsz > 1 else View(av.handle, av.dtype, (1, m, k), (0,) + av.strides[-2:],
+                                                          av.offset)
+            b3 = as_3d(bv, batch) if bsz > 1 else View(bv.handle, bv.dtype, (1, k, n), (0,) + bv.strides[-2:],
+                                                          bv.offset)
+            if a3 is None:
+                a3 = as_3d(ctx.contiguous(T(a.dtype, av.shape, view=av)).broadcast_to(av.shape), batch)
+            if b3 is None:
+                b3 = as_3d(ctx.contiguous(T(b.dtype, bv.shape, view=bv)).broadcast_to(bv.shape), batch)
+            if bsz > 1 and b3.strides[0] == 0 and a3.strides[0] == m * a3.strides[1] and a3.strides[2] == 1 \
+                    and a3.strides[1] == k:
+                # A shared right operand: fold the batch into M, one big matmul instead of B small ones.
+                a3 = View(a3.handle, a3.dtype, (1, bsz * m, k), (0, k, 1), a3.offset)
+                b3 = View(b3.handle, b3.dtype, (1, k, n), (0,) + b3.strides[1:], b3.offset)
+                o3 = View(out.view.handle, out.dtype, (1, bsz * m, n), (0, n, 1))
+            else:
+                o3 = View(out.view.handle, out.dtype, (bsz, m, n), (m * n, n, 1))
+            ctx.record(ctx.backend.record_matmul(a3, b3, o3))
+        shape = batch + ((m,) if a.rank > 1 else ()) + ((n,) if b.rank > 1 else ())
+        return [reshape_view(ctx, out, shape) if shape != out.shape else out]
+
+
+@register("Gemm", 1)
+class Gemm(Op):
+    attrs = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0, "broadcast": 0}
+
+    def run(self, ctx: Context, a: T, b: T, c: T | None = None) -> list[T]:
+        if a.rank != 2 or b.rank != 2:
+            raise ValueError(f"{self.node.describe()}: Gemm needs 2-D A and B, got {a.shape} and {b.shape}")
+        av, bv = ctx.view(a), ctx.view(b)
+        if self.a["transA"]:
+            av = av.permute((1, 0))
+        if self.a["transB"]:
+            bv = bv.permute((1, 0))
+        (m, k), (k2, n) = av.shape, bv.shape
+        if k != k2:
+            raise ValueError(f"{self.node.describe()}: inner dims differ: {av.shape} @ {bv.shape}")
+        out = ctx.new(a.dtype, (m, n))
+        bias = None
+        if c is not None and self.a["beta"] != 0:
+            try:
+                cv = ctx.view(c).broadcast_to((m, n))
+            except ValueError:
+                raise ValueError(f"{self.node.describe()}: C of shape {c.shape} does not broadcast to {(m, n)}") \
+                    from None
+            bias = View(cv.handle, cv.dtype, (1, m, n), (0,) + cv.strides, cv.offset)
+        if out.size:
+            ctx.record(ctx.backend.record_matmul(
+                View(av.handle, av.dtype, (1, m, k), (0,) + av.strides, av.offset),
+                View(bv.handle, bv.dtype, (1, k, n), (0,) + bv.strides, bv.offset),
+                View(out.view.handle, out.dtype, (1, m, n), (0, n, 1)),
+                alpha=self.a["alpha"], bias=bias, beta=self.a["beta"]))
+        return [out]

@@ -1,0 +1,238 @@
+"""Neural-network ops: Conv, pooling, normalisation, Softmax, LRN."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..backends.base import View
+from ..backends.expr import FLOAT, call, const, inp
+from .base import Context, Op, T, register
+from .elementwise import emit
+from .reduce import reduce_axes
+from .shape import norm_axis, reshape_view
+
+
+def spatial_pads(op: Op, in_sizes: tuple[int, ...], kernel: tuple[int, ...], strides: tuple[int, ...],
+                 dilations: tuple[int, ...]) -> list[int]:
+    """ONNX pads [begin..., end...] from `pads` or `auto_pad`."""
+    r = len(in_sizes)
+    mode = op.a.get("auto_pad", "NOTSET")
+    if mode in ("NOTSET", "", None):
+        return list(op.a.get("pads") or [0] * (2 * r))
+    if mode == "VALID":
+        return [0] * (2 * r)
+    begin, end = [], []
+    for size, k, s, d in zip(in_sizes, kernel, strides, dilations, strict=True):
+        total = max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        small = total // 2
+        begin.append(small if mode == "SAME_UPPER" else total - small)
+        end.append(total - begin[-1])
+    return begin + end
+
+
+def to_2d(ctx: Context, t: T) -> T:
+    """A 1-D spatial tensor (N, C, W) as (N, C, 1, W), so 1-D ops reuse the 2-D kernels."""
+    return reshape_view(ctx, t, t.shape[:2] + (1,) + t.shape[2:]) if t.rank == 3 else t
+
+
+@register("Conv", 1)
+class Conv(Op):
+    attrs = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None, "pads": None,
+             "strides": None}
+
+    def run(self, ctx: Context, x: T, w: T, b: T | None = None) -> list[T]:
+        r = x.rank - 2
+        if r not in (1, 2):
+            raise self.fail(f"{r}-D convolution is not supported (1-D and 2-D are)")
+        if x.dtype.kind != "f":
+            raise self.fail(f"Conv on {x.dtype} is not supported")
+        kernel = tuple(w.shape[2:])
+        strides = tuple(self.a["strides"] or [1] * r)
+        dil = tuple(self.a["dilations"] or [1] * r)
+        pads = spatial_pads(self, x.shape[2:], kernel, strides, dil)
+        g = self.a["group"]
+        if x.shape[1] != w.shape[1] * g or w.shape[0] % g:
+            raise ValueError(f"{self.node.describe()}: input {x.shape}, weight {w.shape} and group {g} disagree")
+        out_sp = [(x.shape[2 + i] + pads[i] + pads[i + r] - (kernel[i] - 1) * dil[i] - 1) // strides[i] + 1
+                  for i in range(r)]
+        if min(out_sp) <= 0:
+            raise ValueError(f"{self.node.describe()}: kernel {kernel} larger than the padded input {x.shape}")
+        out = ctx.new(x.dtype, (x.shape[0], w.shape[0], *out_sp))
+        if r == 1:
+            strides, dil, kernel = (1, *strides), (1, *dil), (1, *kernel)
+            pads = [0, pads[0], 0, pads[1]]
+        x4, w4, o4 = to_2d(ctx, x), to_2d(ctx, w), to_2d(ctx, out)
+        bias = ctx.contiguous(b) if b is not None else None
+        ctx.record(ctx.backend.record_conv(ctx.contiguous(x4), ctx.contiguous(w4), bias, o4.view, strides,
+                                           (pads[0], pads[1], pads[2], pads[3]), dil, g))
+        return [out]
+
+
+class Pool(Op):
+    attrs = {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None, "kernel_shape": None, "pads": None,
+             "strides": None, "storage_order": 0, "count_include_pad": 0, "p": 2}
+    kind: str
+
+    def run(self, ctx: Context, x: T) -> list[T]:
+        if len([o for o in self.node.outputs if o]) > 1:
+            raise self.fail("the Indices output of MaxPool is not supported")
+        r = x.rank - 2
+        if r not in (1, 2):
+            raise self.fail(f"{r}-D pooling is not supported (1-D and 2-D are)")
+        kernel = tuple(self.a["kernel_shape"])
+        strides = tuple(self.a["strides"] or [1] * r)
+        dil = tuple(self.a["dilations"] or [1] * r)
+        pads = spatial_pads(self, x.shape[2:], kernel, strides, dil)
+        out_sp = []
+        for i in range(r):
+            span = x.shape[2 + i] + pads[i] + pads[i + r] - ((kernel[i] - 1) * dil[i] + 1)
+            o = (-(-span // strides[i]) if self.a["ceil_mode"] else span // strides[i]) + 1
+            if self.a["ceil_mode"] and (o - 1) * strides[i] >= x.shape[2 + i] + pads[i]:
+                o -= 1  # the last window must start inside the input or its left padding
+            out_sp.append(o)
+        out = ctx.new(x.dtype, (*x.shape[:2], *out_sp))
+        if r == 1:
+            kernel, strides, dil, pads = (1, *kernel), (1, *strides), (1, *dil), [0, pads[0], 0, pads[1]]
+        ctx.record(ctx.backend.record_pool(self.kind, ctx.contiguous(to_2d(ctx, x)), to_2d(ctx, out).view, kernel,
+                                           strides, (pads[0], pads[1], pads[2], pads[3]), dil,
+                                           bool(self.a["count_include_pad"]), int(self.a["p"])))
+        return [out]
+
+
+register("MaxPool", 1)(type("MaxPool", (Pool,), {"kind": "max"}))
+register("AveragePool", 1)(type("AveragePool", (Pool,), {"kind": "avg"}))
+register("LpPool", 2)(type("LpPool", (Pool,), {"kind": "lp"}))
+
+
+class GlobalPool(Op):
+    fn: str
+    attrs = {"p": 2}
+
+    def run(self, ctx: Context, x: T) -> list[T]:
+        flat = reshape_view(ctx, x, x.shape[:2] + (math.prod(x.shape[2:]),))
+        out = reduce_axes(ctx, self.fn, flat, [2])
+        return [reshape_view(ctx, out, x.shape[:2] + (1,) * (x.rank - 2))]
+
+
+register("GlobalAveragePool", 1)(type("GlobalAveragePool", (GlobalPool,), {"fn": "mean"}))
+register("GlobalMaxPool", 1)(type("GlobalMaxPool", (GlobalPool,), {"fn": "max"}))
+
+
+def channel_shape(x: T) -> tuple[int, ...]:
+    """Shape that broadcasts a per-channel vector over NC... (C, 1, 1, ...)."""
+    return (x.shape[1],) + (1,) * (x.rank - 2)
+
+
+@register("BatchNormalization", 1)
+class BatchNormalization(Op):
+    attrs = {"epsilon": 1e-5, "momentum": 0.9, "spatial": 1, "is_test": 0, "training_mode": 0}
+
+    def run(self, ctx: Context, x: T, scale: T, bias: T, mean: T, var: T) -> list[T]:
+        if self.a["training_mode"]:
+            raise self.fail("training-mode BatchNormalization is not supported")
+        cs = channel_shape(x)
+        eps = self.a["epsilon"]
+        if all(t.is_const for t in (scale, bias, mean, var)):
+            # Inference BN is an affine map: fold it to y = x * a + b with a, b computed once, here.
+            a = scale.value.astype(np.float64) / np.sqrt(var.value.astype(np.float64) + eps)
+            b = bias.value.astype(np.float64) - mean.value.astype(np.float64) * a
+            ta, tb = ctx.const(a.astype(x.dtype).reshape(cs)), ctx.const(b.astype(x.dtype).reshape(cs))
+            return [emit(ctx, self, call("add", call("mul", inp(0), inp(1)), inp(2)), [x, ta, tb], x.dtype)]
+        ins = [x] + [reshape_view(ctx, t, cs) for t in (scale, bias, mean, var)]
+        e = call("add", call("mul", call("div", call("sub", inp(0), inp(3)),
+                                         call("sqrt", call("add", inp(4), const(eps, FLOAT)))), inp(1)), inp(2))
+        return [emit(ctx, self, e, ins, x.dtype)]
+
+
+@register("InstanceNormalization", 1)
+class InstanceNormalization(Op):
+    attrs = {"epsilon": 1e-5}
+
+    def run(self, ctx: Context, x: T, scale: T, bias: T) -> list[T]:
+        cs = channel_shape(x)
+        axes = list(range(2, x.rank))
+        y = normalize(ctx, self, x, axes, self.a["epsilon"])
+        return [emit(ctx, self, call("add", call("mul", inp(0), inp(1)), inp(2)),
+                     [y, reshape_view(ctx, scale, cs), reshape_view(ctx, bias, cs)], x.dtype)]
+
+
+def normalize(ctx: Context, op: Op, x: T, axes: list[int], eps: float, stats: bool = False) -> T | tuple:
+    """(x - mean) / sqrt(var + eps) over `axes` (two reductions + two elementwise kernels)."""
+    keep = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    mean = reshape_view(ctx, reduce_axes(ctx, "mean", x, axes), keep)
+    d = emit(ctx, op, call("sub", inp(0), inp(1)), [x, mean], x.dtype)
+    var = reshape_view(ctx, reduce_axes(ctx, "sumsq", d, axes), keep)
+    n = math.prod(x.shape[a] for a in axes)
+    inv = emit(ctx, op, call("div", const(1.0), call("sqrt", call("add", call("div", inp(0), const(float(n))),
+                                                                    const(eps)))), [var], x.dtype)
+    y = emit(ctx, op, call("mul", inp(0), inp(1)), [d, inv], x.dtype)
+    return (y, mean, inv) if stats else y
+
+
+@register("LayerNormalization", 17)
+class LayerNormalization(Op):
+    attrs = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
+
+    def run(self, ctx: Context, x: T, scale: T, bias: T | None = None) -> list[T]:
+        axis = norm_axis(self, self.a["axis"], x.rank)
+        axes = list(range(axis, x.rank))
+        y, mean, inv = normalize(ctx, self, x, axes, self.a["epsilon"], stats=True)
+        ins = [y, scale] + ([bias] if bias is not None else [])
+        e = call("mul", inp(0), inp(1))
+        if bias is not None:
+            e = call("add", e, inp(2))
+        return [emit(ctx, self, e, ins, x.dtype), mean, inv]
+
+
+class SoftmaxBase(Op):
+    attrs = {"axis": None}
+    log = False
+
+    def run(self, ctx: Context, x: T) -> list[T]:
+        legacy = self.node.opset < 13
+        axis = self.a["axis"]
+        axis = norm_axis(self, (1 if legacy else -1) if axis is None else axis, x.rank)
+        # Before opset 13 the input is coerced to 2-D at `axis`; from 13 the reduction is over `axis` alone.
+        if legacy:
+            shape3 = (math.prod(x.shape[:axis]), math.prod(x.shape[axis:]), 1)
+        else:
+            shape3 = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
+        x3 = reshape_view(ctx, x, shape3)
+        keep = (shape3[0], 1, shape3[2])
+        m = reshape_view(ctx, reduce_axes(ctx, "max", x3, [1]), keep)
+        e = emit(ctx, self, call("exp", call("sub", inp(0), inp(1))), [x3, m], x.dtype)
+        s = reshape_view(ctx, reduce_axes(ctx, "sum", e, [1]), keep)
+        if self.log:
+            y = emit(ctx, self, call("sub", call("sub", inp(0), inp(1)), call("log", inp(2))), [x3, m, s], x.dtype)
+        else:
+            y = emit(ctx, self, call("div", inp(0), inp(1)), [e, s], x.dtype)
+        return [reshape_view(ctx, y, x.shape)]
+
+
+register("Softmax", 1)(type("Softmax", (SoftmaxBase,), {}))
+register("LogSoftmax", 1)(type("LogSoftmax", (SoftmaxBase,), {"log": True}))
+
+
+@register("LRN", 1)
+class LRN(Op):
+    attrs = {"alpha": 1e-4, "beta": 0.75, "bias": 1.0, "size": 1}
+
+    def run(self, ctx: Context, x: T) -> list[T]:
+        n, c = x.shape[:2]
+        rest = math.prod(x.shape[2:])
+        size = self.a["size"]
+        sq = emit(ctx, self, call("mul", inp(0), inp(0)), [reshape_view(ctx, x, (n, 1, c, rest))], x.dtype)
+        # The channel-window sum of squares is an average pool over C (window `size`, count_include_pad).
+        avg = ctx.new(x.dtype, (n, 1, c, rest))
+        lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+        ctx.record(ctx.backend.record_pool("avg", sq.view, avg.view, (size, 1), (1, 1), (lo, 0, hi, 0), (1, 1), True))
+        a = self.a
+        e = call("div", inp(0), call("pow", call("add", const(a["bias"]), call("mul", const(a["alpha"]), inp(1))),
+                                    const(a["beta"])))
+        y = emit(ctx, self, e, [reshape_view(ctx, x, (n, 1, c, rest)), avg], x.dtype)
+        return [reshape_view(ctx, y, x.shape)]
+
+
+__all__ = ["View"]

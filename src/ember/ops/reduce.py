@@ -1,0 +1,71 @@
+"""Reductions: ReduceX, ArgMax/ArgMin, and the reduce helpers Softmax and the norms build on."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.base import View
+from .base import Context, Op, T, register
+from .shape import host_ints, norm_axis, reshape_view
+
+
+def reduce_axes(ctx: Context, op: str, x: T, axes: list[int], out_dtype: np.dtype | None = None) -> T:
+    """Reduce `axes` of x; the result has the kept dims only (no keepdims)."""
+    keep = [i for i in range(x.rank) if i not in axes]
+    out = ctx.new(out_dtype or x.dtype, [x.shape[i] for i in keep])
+    if out.size:
+        v = ctx.view(x).permute(keep + list(axes))
+        if len(axes) > 1 and all(x.shape[a] > 0 for a in axes):
+            # Merge the reduced dims into one when they are laid out contiguously (the common case).
+            red_shape = [v.shape[len(keep) + i] for i in range(len(axes))]
+            red_strides = [v.strides[len(keep) + i] for i in range(len(axes))]
+            dense = all(red_strides[i] == red_strides[i + 1] * red_shape[i + 1] for i in range(len(axes) - 1))
+            if dense:
+                n = int(np.prod(red_shape))
+                v = View(v.handle, v.dtype, v.shape[:len(keep)] + (n,), v.strides[:len(keep)] + (red_strides[-1],),
+                         v.offset)
+                ctx.record(ctx.backend.record_reduce_axes(op, v, out.view, 1))
+                return out
+        ctx.record(ctx.backend.record_reduce_axes(op, v, out.view, len(axes)))
+    return out
+
+
+class Reduce(Op):
+    attrs = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}
+    fn: str
+    axes_input_since: int = 18
+
+    def run(self, ctx: Context, x: T, axes_t: T | None = None) -> list[T]:
+        axes = host_ints(self, axes_t, "axes") if axes_t is not None else self.a["axes"]
+        if not axes:
+            if self.a["noop_with_empty_axes"]:
+                return [x]
+            axes = list(range(x.rank))
+        axes = sorted({norm_axis(self, a, x.rank) for a in axes})
+        out = reduce_axes(ctx, self.fn, x, axes)
+        if self.a["keepdims"]:
+            out = reshape_view(ctx, out, tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
+        return [out]
+
+
+for _name, _fn in [("ReduceSum", "sum"), ("ReduceMean", "mean"), ("ReduceMax", "max"), ("ReduceMin", "min"),
+                   ("ReduceProd", "prod"), ("ReduceL1", "l1"), ("ReduceL2", "l2"), ("ReduceLogSum", "logsum"),
+                   ("ReduceLogSumExp", "logsumexp"), ("ReduceSumSquare", "sumsq")]:
+    register(_name, 1)(type(_name, (Reduce,), {"fn": _fn}))
+
+
+class Arg(Op):
+    attrs = {"axis": 0, "keepdims": 1, "select_last_index": 0}
+    fn: str
+
+    def run(self, ctx: Context, x: T) -> list[T]:
+        axis = norm_axis(self, self.a["axis"], x.rank)
+        fn = self.fn + ("_last" if self.a["select_last_index"] else "")
+        out = reduce_axes(ctx, fn, x, [axis], np.dtype(np.int64))
+        if self.a["keepdims"]:
+            out = reshape_view(ctx, out, tuple(1 if i == axis else d for i, d in enumerate(x.shape)))
+        return [out]
+
+
+register("ArgMax", 1)(type("ArgMax", (Arg,), {"fn": "argmax"}))
+register("ArgMin", 1)(type("ArgMin", (Arg,), {"fn": "argmin"}))

@@ -1,0 +1,130 @@
+"""Compile a graph into a static plan for one input-shape signature, and replay it.
+
+Planning walks the nodes once: a node whose inputs are all known on the host is folded (run on the cpu
+backend right away, so Shape->Gather->Concat chains over static shapes vanish); every other node records
+its steps on the target backend. A run is then: write the inputs, execute the recorded steps (one submit
+on wgpu), read back the outputs.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..backends.base import ComputeBackend, View
+from ..backends.cpu import CpuBackend
+from ..ir import Graph
+from ..ops import Context, T, UnsupportedError, lookup
+
+_FOLD = threading.local()
+
+
+def fold_backend() -> CpuBackend:
+    be = getattr(_FOLD, "backend", None)
+    if be is None:
+        be = _FOLD.backend = CpuBackend().init()
+    return be
+
+
+class Plan:
+    def __init__(self, backend: ComputeBackend, ctx: Context, inputs: list[tuple[str, T]],
+                 outputs: list[tuple[str, T]]) -> None:
+        self.backend = backend
+        self.steps = ctx.steps
+        self.handles = ctx.handles
+        self.inputs = inputs
+        self.outputs = outputs
+        self.stats = dict(ctx.stats)
+        self.intermediate_bytes = sum(backend.nbytes(h) for h in ctx.handles)
+
+    def run(self, feeds: dict[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:
+        be = self.backend
+        for name, t in self.inputs:
+            if t.size:
+                be.upload(t.view.handle, feeds[name])
+        be.execute(self.steps)
+        result = {}
+        for name, t in self.outputs:
+            if names is not None and name not in names:
+                continue
+            result[name] = t.value.copy() if t.view is None else be.download(t.view)
+        return result
+
+    def free(self) -> None:
+        for h in self.handles:
+            self.backend.free(h)
+        self.handles = []
+
+
+def _fold(op: Any, inputs: list[T | None]) -> list[T]:
+    be = fold_backend()
+    ctx = Context(be)
+    try:
+        outs = op.run(ctx, *inputs)
+        be.execute(ctx.steps)
+        result = []
+        for t in outs:
+            if t is None or t.view is None:
+                result.append(t)
+            else:
+                result.append(T(t.dtype, t.shape, value=be.download(t.view)))
+        return result
+    finally:
+        for h in ctx.handles:
+            be.free(h)
+
+
+def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[int, ...]]) -> Plan:
+    ctx = Context(backend)
+    env: dict[str, T] = {name: T(arr.dtype, arr.shape, value=arr) for name, arr in graph.initializers.items()}
+    inputs = []
+    for vi in graph.inputs:
+        t = ctx.new(vi.dtype, shapes[vi.name])
+        env[vi.name] = t
+        inputs.append((vi.name, t))
+    try:
+        for node in graph.nodes:
+            cls = lookup(node)
+            if cls is None:
+                raise UnsupportedError(f"{node.describe()}: not supported")
+            op = cls(node)
+            ins = [env[i] if i else None for i in node.inputs]
+            missing = [i for i in node.inputs if i and i not in env]
+            if missing:
+                raise ValueError(f"{node.describe()}: input(s) {missing} are produced by no node")
+            if all(t is None or t.is_const for t in ins) and getattr(op, "foldable", True):
+                outs = _fold(op, ins)
+            else:
+                outs = op.run(ctx, *ins)
+            for name, t in zip(node.outputs, outs, strict=False):
+                if name:
+                    env[name] = t
+        outputs = []
+        input_handles = {t.view.handle for _, t in inputs}
+        seen: set[int] = set()
+        for vi in graph.outputs:
+            t = env[vi.name]
+            if vi.dtype is not None and t.dtype != vi.dtype:
+                raise ValueError(f"output {vi.name!r}: the graph declares {vi.dtype}, ember inferred {t.dtype}")
+            if t.view is not None and (not t.view.is_contiguous() or t.view.handle in input_handles
+                                       or t.view.handle in seen):
+                # Views of inputs or of other outputs get their own buffer, so reading one is never stale.
+                copy = ctx.alloc(t.dtype, t.shape)
+                from ..backends.expr import inp
+                from ..ops.base import kind_of
+
+                ctx.record(backend.record_elementwise(inp(0, kind_of(t.dtype)), [t.view], copy))
+                t = T(t.dtype, t.shape, view=copy)
+            if t.view is not None:
+                seen.add(t.view.handle)
+            outputs.append((vi.name, t))
+    except BaseException:
+        for h in ctx.handles:
+            backend.free(h)
+        raise
+    return Plan(backend, ctx, inputs, outputs)
+
+
+__all__ = ["Plan", "View", "build_plan"]
