@@ -15,6 +15,7 @@ from .ir import Graph
 from .onnx.importer import load
 from .ops import UnsupportedError, lookup
 from .plan import Plan, build_plan
+from .plan.planner import host_value_inputs
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,13 @@ class Model:
         self.inputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.inputs]
         self.outputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.outputs]
         self._stats: dict[str, int] = {}
+        self._host_inputs = host_value_inputs(graph)
         for vi in graph.inputs:
             if vi.dtype is None or vi.shape is None:
                 raise ValueError(f"input {vi.name!r}: the model declares no tensor dtype/shape")
         # Everything static is compiled now, so the first run is as cheap as the others.
-        if all(isinstance(d, int) for v in graph.inputs for d in v.shape):
-            self._plan({v.name: tuple(v.shape) for v in graph.inputs})
+        if not self._host_inputs and all(isinstance(d, int) for v in graph.inputs for d in v.shape):
+            self._plan({v.name: tuple(v.shape) for v in graph.inputs}, {})
 
     @property
     def backend(self) -> str:
@@ -95,11 +97,14 @@ class Model:
         outs = ", ".join(f"{o.name}: {o.dtype}{list(o.shape)}" for o in self.outputs)
         return f"<ember.Model {len(self.graph.nodes)} nodes on {self.backend!r}; inputs ({ins}); outputs ({outs})>"
 
-    def _plan(self, shapes: dict[str, tuple[int, ...]]) -> Plan:
-        key = tuple(shapes[v.name] for v in self.graph.inputs)
+    def _plan(self, shapes: dict[str, tuple[int, ...]], feeds: dict[str, np.ndarray]) -> Plan:
+        """The plan for these input shapes (and values of inputs used as shape arithmetic), built once."""
+        host = {n: feeds[n] for n in self._host_inputs}
+        key = (tuple(shapes[v.name] for v in self.graph.inputs),
+               tuple((n, host[n].tobytes()) for n in sorted(host)))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = build_plan(self.graph, self._be, shapes)
+            plan = self._plans[key] = build_plan(self.graph, self._be, shapes, host)
         return plan
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -138,7 +143,7 @@ class Model:
             if bad:
                 raise ValueError(f"unknown output name(s) {bad}; the model's outputs are {known}")
         with self._lock:
-            plan = self._plan({k: v.shape for k, v in arrays.items()})
+            plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
             result = plan.run(arrays, output_names)
             for k, v in plan.stats.items():
                 self._stats[k] = self._stats.get(k, 0) + v

@@ -52,7 +52,7 @@ class Context:
         self.backend = backend
         self.steps: list = []
         self.handles: list[int] = []  # allocations made while planning (owned by the plan)
-        self._uploaded: dict[int, View] = {}
+        self._uploaded: dict[int, tuple[T, View]] = {}
         self.stats: dict[str, int] = {}
 
     # ---- tensors ----------------------------------------------------------------------------------
@@ -76,12 +76,13 @@ class Context:
         if t.view is not None:
             return t.view
         assert t.value is not None
-        v = self._uploaded.get(id(t))
-        if v is None:
-            v = self.alloc(t.dtype, t.shape)
-            self.backend.upload(v.handle, np.ascontiguousarray(t.value, t.dtype))
-            self._uploaded[id(t)] = v
-            t.view = v
+        hit = self._uploaded.get(id(t))
+        if hit is not None:
+            return hit[1]
+        v = self.alloc(t.dtype, t.shape)
+        self.backend.upload(v.handle, np.ascontiguousarray(t.value, t.dtype))
+        # Cached here, not on t: the same constant may be planned on another backend (folding).
+        self._uploaded[id(t)] = (t, v)
         return v
 
     def contiguous(self, t: T) -> View:

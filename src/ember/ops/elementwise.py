@@ -270,6 +270,8 @@ class Identity(Op):
 class Dropout(Op):
     """Inference mode: the identity, and an all-true mask when the mask output is used."""
 
+    host_inputs = (2,)
+
     attrs = {"ratio": 0.5, "seed": 0, "is_test": 0, "consumed_inputs": []}
 
     def run(self, ctx: Context, x: T, ratio: T | None = None, training: T | None = None) -> list[T]:

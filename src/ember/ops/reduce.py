@@ -31,6 +31,7 @@ def reduce_axes(ctx: Context, op: str, x: T, axes: list[int], out_dtype: np.dtyp
 
 
 class Reduce(Op):
+    host_inputs = (1,)
     attrs = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}
     fn: str
     axes_input_since: int = 18

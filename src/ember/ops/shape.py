@@ -50,6 +50,7 @@ def copy_into(ctx: Context, src: View, dst: View) -> None:
 
 @register("Reshape", 1)
 class Reshape(Op):
+    host_inputs = (1,)
     attrs = {"shape": None, "allowzero": 0}
     foldable = True
 
@@ -85,6 +86,7 @@ class Flatten(Op):
 
 
 class _Axes(Op):
+    host_inputs = (1,)
     attrs = {"axes": None}
 
     def axes(self, t: T | None) -> list[int] | None:
@@ -167,6 +169,7 @@ def slice_view(ctx: Context, x: T, axis: int, start: int, stop: int, step: int =
 
 @register("Slice", 1)
 class Slice(Op):
+    host_inputs = (1, 2, 3, 4)
     attrs = {"starts": None, "ends": None, "axes": None}
 
     def run(self, ctx: Context, x: T, starts: T | None = None, ends: T | None = None, axes: T | None = None,
@@ -190,6 +193,7 @@ class Slice(Op):
 
 @register("Split", 1)
 class Split(Op):
+    host_inputs = (1,)
     attrs = {"axis": 0, "split": None, "num_outputs": None}
 
     def run(self, ctx: Context, x: T, split: T | None = None) -> list[T]:
@@ -212,6 +216,7 @@ class Split(Op):
 
 @register("Expand", 8)
 class Expand(Op):
+    host_inputs = (1,)
     def run(self, ctx: Context, x: T, shape: T) -> list[T]:
         want = host_ints(self, shape, "shape")
         try:
@@ -223,6 +228,7 @@ class Expand(Op):
 
 @register("Tile", 6)
 class Tile(Op):
+    host_inputs = (1,)
     def run(self, ctx: Context, x: T, repeats: T) -> list[T]:
         reps = host_ints(self, repeats, "repeats")
         if len(reps) != x.rank:
@@ -238,6 +244,7 @@ class Tile(Op):
 
 @register("Pad", 1)
 class Pad(Op):
+    host_inputs = (1, 2, 3)
     attrs = {"mode": "constant", "pads": None, "value": 0.0, "paddings": None}
 
     def run(self, ctx: Context, x: T, pads: T | None = None, value: T | None = None, axes: T | None = None) -> list[T]:
@@ -301,6 +308,7 @@ class Constant(Op):
 
 @register("ConstantOfShape", 9)
 class ConstantOfShape(Op):
+    host_inputs = (0,)
     attrs = {"value": None}
 
     def run(self, ctx: Context, shape: T) -> list[T]:
@@ -311,6 +319,7 @@ class ConstantOfShape(Op):
 
 @register("Range", 11)
 class Range(Op):
+    host_inputs = (0, 1, 2)
     def run(self, ctx: Context, start: T, limit: T, delta: T) -> list[T]:
         for t, what in ((start, "start"), (limit, "limit"), (delta, "delta")):
             if not t.is_const:

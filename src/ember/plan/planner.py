@@ -76,11 +76,41 @@ def _fold(op: Any, inputs: list[T | None]) -> list[T]:
             be.free(h)
 
 
-def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[int, ...]]) -> Plan:
+def host_value_inputs(graph: Graph) -> set[str]:
+    """Graph inputs whose values an op needs while planning (a Reshape's shape fed by the user, say).
+
+    A plan is specialised on their values, as it is on input shapes: they are host-side shape arithmetic.
+    """
+    names = {vi.name for vi in graph.inputs}
+    producers = graph.producers()
+    needed: list[str] = []
+    for node in graph.nodes:
+        cls = lookup(node)
+        needed += [node.inputs[i] for i in getattr(cls, "host_inputs", ()) if i < len(node.inputs) and node.inputs[i]]
+    # Follow host values back through the nodes computing them; Shape and Size need shapes only.
+    out, seen = set(), set()
+    while needed:
+        name = needed.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in names:
+            out.add(name)
+        elif name in producers and producers[name].op_type not in ("Shape", "Size"):
+            needed += [i for i in producers[name].inputs if i]
+    return out
+
+
+def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[int, ...]],
+               host_values: dict[str, np.ndarray] | None = None) -> Plan:
     ctx = Context(backend)
     env: dict[str, T] = {name: T(arr.dtype, arr.shape, value=arr) for name, arr in graph.initializers.items()}
     inputs = []
+    host_values = host_values or {}
     for vi in graph.inputs:
+        if vi.name in host_values:
+            env[vi.name] = T(vi.dtype, shapes[vi.name], value=host_values[vi.name])
+            continue
         t = ctx.new(vi.dtype, shapes[vi.name])
         env[vi.name] = t
         inputs.append((vi.name, t))
