@@ -99,7 +99,9 @@ def to_graph(proto: onnx.ModelProto) -> Graph:
                           n.name or f"{n.op_type}_{i}", opsets.get(dom, 1)))
     # Graph inputs that also have an initializer are defaults the user may override (IR < 4 lists all
     # weights as inputs): treat them as constants, as ONNX Runtime does for non-overridable ones.
-    inputs = [_value_info(v) for v in g.input if v.name not in inits]
+    # Some exporters also list values that nodes produce (ConstantOfShape weights) as graph inputs.
+    produced = {o for n in g.node for o in n.output}
+    inputs = [_value_info(v) for v in g.input if v.name not in inits and v.name not in produced]
     outputs = [_value_info(v) for v in g.output]
     vinfo = {v.name: _value_info(v) for v in g.value_info}
     return Graph(nodes, inputs, outputs, inits, vinfo, opsets, g.name)

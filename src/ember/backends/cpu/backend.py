@@ -90,6 +90,10 @@ class CpuBackend(ComputeBackend):
                       beta: float = 1.0, act: Expr | None = None) -> list[Step]:
         av, bv, dst = self.array(a), self.array(b), self.array(out)
         cv = self.array(bias) if bias is not None else None
+        if a.shape[0] == 1:
+            # numpy hands 2-D products to BLAS; a stride-0 batch dim of 1 would send it to a slow loop.
+            av, bv, dst = av[0], bv[0], dst[0]
+            cv = cv[0] if cv is not None else None
         dt = dst.dtype
         alpha_ = dt.type(alpha)
         beta_ = dt.type(beta)

@@ -86,6 +86,7 @@ class WgpuBackend(ComputeBackend):
         self.checked = dev.checked_shaders_forced()
         self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
         self.max_buffer = int(self.limits["max-buffer-size"])
+        self._sync_buf = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
 
     @property
     def adapter_name(self) -> str:
@@ -125,7 +126,9 @@ class WgpuBackend(ComputeBackend):
         return memoryview(self.queue.read_buffer(self._bufs[handle], offset, size)).cast("B")[:nbytes]
 
     def _device_synchronize(self) -> None:
-        self.queue.on_submitted_work_done_async().sync_wait()
+        # queue.on_submitted_work_done_async is broken in wgpu-py 0.32 (callback signature mismatch);
+        # mapping a buffer for reading completes only after all submitted work, so read 4 bytes.
+        self.queue.read_buffer(self._sync_buf, 0, 4)
 
     def buffer(self, handle: int) -> Any:
         return self._bufs[handle]
