@@ -16,17 +16,33 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..backends.base import ComputeBackend, View
+from ..backends.expr import Expr
 from ..ir import Node
 
 
 @dataclass
+class Lazy:
+    """A value not computed yet: `expr` over `inputs`, or, with an `anchor`, a kernel (Conv, MatMul) that
+    applies `expr` (over input 0 = its accumulator) as its epilogue. Elementwise consumers extend a lazy
+    value instead of reading it, so a chain of elementwise nodes becomes one kernel."""
+
+    expr: Expr
+    inputs: list[T]
+    anchor: Callable[[View, Expr | None], list] | None = None
+    nodes: int = 1  # graph nodes this value stands for (for the fusion counters)
+
+
+@dataclass(eq=False)
 class T:
-    """A tensor while planning: static dtype and shape, a host value (constant) and/or a device view."""
+    """A tensor while planning: static dtype and shape, and a host value (constant), a device view, or a
+    lazy expression. `uses` counts the consumers the planner has seen for it."""
 
     dtype: np.dtype
     shape: tuple[int, ...]
     value: np.ndarray | None = None
     view: View | None = None
+    lazy: Lazy | None = None
+    uses: int = 0
 
     @property
     def rank(self) -> int:
@@ -72,9 +88,11 @@ class Context:
         return T(arr.dtype, arr.shape, value=arr)
 
     def view(self, t: T) -> View:
-        """The device view of t; a constant is uploaded once, on first use."""
+        """The device view of t; a constant is uploaded once, on first use; a lazy value is computed."""
         if t.view is not None:
             return t.view
+        if t.lazy is not None:
+            return self.materialize(t)
         assert t.value is not None
         hit = self._uploaded.get(id(t))
         if hit is not None:
@@ -84,6 +102,24 @@ class Context:
         # Cached here, not on t: the same constant may be planned on another backend (folding).
         self._uploaded[id(t)] = (t, v)
         return v
+
+    def materialize(self, t: T) -> View:
+        lz = t.lazy
+        assert lz is not None
+        out = self.alloc(t.dtype, t.shape)
+        if lz.anchor is not None:
+            identity = lz.expr.op == "in"
+            self.record(lz.anchor(out, None if identity else lz.expr))
+            if not identity:
+                self.count("epilogue.fused", lz.nodes - 1)
+        else:
+            views = [self.view(i).broadcast_to(t.shape) for i in lz.inputs]
+            if t.size:
+                self.record(self.backend.record_elementwise(lz.expr, views, out))
+            self.count("elementwise.kernels")
+            self.count("elementwise.nodes", lz.nodes)
+        t.view, t.lazy = out, None
+        return out
 
     def contiguous(self, t: T) -> View:
         v = self.view(t)
@@ -98,8 +134,8 @@ class Context:
     def record(self, steps: list) -> None:
         self.steps.extend(steps)
 
-    def count(self, key: str) -> None:
-        self.stats[key] = self.stats.get(key, 0) + 1
+    def count(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
 
 
 def kind_of(dtype: Any) -> str:

@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..backends.base import View
 from ..backends.expr import BOOL, FLOAT, INT, Expr, call, const, inp
-from .base import Context, Op, T, kind_of, register
+from .base import Context, Lazy, Op, T, kind_of, register
 
 
 def broadcast_shape(op: Op, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
@@ -18,13 +19,65 @@ def broadcast_shape(op: Op, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
         raise ValueError(f"{op.node.describe()}: input shapes {shapes} do not broadcast") from None
 
 
+# Fused expressions stay well below what shader compilers accept (naga and Dawn reject deep ones).
+MAX_FUSED_NODES = 96
+
+
+def substitute(e: Expr, mapping: dict[int, Expr]) -> Expr:
+    if e.op == "in":
+        return mapping[e.value]
+    if not e.args:
+        return e
+    return Expr(e.op, tuple(substitute(a, mapping) for a in e.args), e.value, e.kind)
+
+
 def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype) -> T:
+    """The result of an elementwise node, as a lazy value: single-use lazy inputs are inlined, scalar
+    constants become literals, and a lone Conv/MatMul input takes the expression as its epilogue."""
     shape = broadcast_shape(op, [t.shape for t in inputs])
-    out = ctx.new(out_dtype, shape)
-    if out.size:
-        views = [ctx.view(t).broadcast_to(shape) for t in inputs]
-        ctx.record(ctx.backend.record_elementwise(expr, views, out.view))
-    return out
+    mapping: dict[int, Expr] = {}
+    new_inputs: list[T] = []
+    nodes = 1
+    for i, t in enumerate(inputs):
+        lz = t.lazy
+        if t.is_const and t.size == 1 and t.dtype.kind in "fiub" and not (t.dtype.kind == "f" and t.dtype.itemsize > 4):
+            mapping[i] = const(t.value.item(), kind_of(t.dtype))
+        elif lz is not None and lz.anchor is None and t.uses == 1 and lz.expr.size() + expr.size() <= MAX_FUSED_NODES:
+            base = len(new_inputs)
+            new_inputs.extend(lz.inputs)
+            mapping[i] = substitute(lz.expr, {j: inp(base + j, kind_of(x.dtype)) for j, x in enumerate(lz.inputs)})
+            nodes += lz.nodes
+        else:
+            mapping[i] = inp(len(new_inputs), kind_of(t.dtype))
+            new_inputs.append(t)
+    fused = substitute(expr, mapping)
+    # The same tensor read twice (x * sigmoid(x)) is one binding.
+    unique: list[T] = []
+    remap: dict[int, Expr] = {}
+    for j, t in enumerate(new_inputs):
+        k = next((n for n, u in enumerate(unique) if u is t), None)
+        if k is None:
+            k = len(unique)
+            unique.append(t)
+        remap[j] = inp(k, kind_of(t.dtype))
+    fused = substitute(fused, remap)
+    if (len(unique) == 1 and unique[0].lazy is not None and unique[0].lazy.anchor is not None
+            and unique[0].uses == 1 and unique[0].shape == shape and fused.kind == FLOAT
+            and unique[0].dtype == out_dtype):
+        base = unique[0].lazy
+        epilogue = substitute(fused, {0: base.expr})
+        return T(out_dtype, shape, lazy=Lazy(epilogue, [], base.anchor, base.nodes + nodes))
+    if not unique:
+        out = ctx.new(out_dtype, shape)
+        if out.size:
+            ctx.record(ctx.backend.record_elementwise(fused, [], out.view))
+        return out
+    return T(out_dtype, shape, lazy=Lazy(fused, unique, nodes=nodes))
+
+
+def anchored(dtype: np.dtype, shape: tuple[int, ...], record: Callable[[View, Expr | None], list]) -> T:
+    """A Conv/MatMul result, computed when first read, so a following activation can join its epilogue."""
+    return T(np.dtype(dtype), tuple(shape), lazy=Lazy(inp(0), [], record))
 
 
 def args(inputs: list[T]) -> list[Expr]:

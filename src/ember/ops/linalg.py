@@ -7,7 +7,9 @@ import math
 import numpy as np
 
 from ..backends.base import View
+from ..backends.expr import Expr
 from .base import Context, Op, T, register
+from .elementwise import anchored
 from .shape import reshape_view
 
 
@@ -38,30 +40,33 @@ class MatMul(Op):
             batch = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
         except ValueError:
             raise ValueError(f"{self.node.describe()}: batch dims of {a.shape} and {b.shape} do not broadcast") from None
-        out = ctx.new(a.dtype, batch + (m, n))
-        if out.size:
-            av = ctx.view(a2).broadcast_to(batch + (m, k))
-            bv = ctx.view(b2).broadcast_to(batch + (k, n))
-            bsz = math.prod(batch)
-            a3 = as_3d(av, batch) if bsz > 1 else View(av.handle, av.dtype, (1, m, k), (0,) + av.strides[-2:],
-                                                          av.offset)
-            b3 = as_3d(bv, batch) if bsz > 1 else View(bv.handle, bv.dtype, (1, k, n), (0,) + bv.strides[-2:],
-                                                          bv.offset)
-            if a3 is None:
-                a3 = as_3d(ctx.contiguous(T(a.dtype, av.shape, view=av)).broadcast_to(av.shape), batch)
-            if b3 is None:
-                b3 = as_3d(ctx.contiguous(T(b.dtype, bv.shape, view=bv)).broadcast_to(bv.shape), batch)
-            if bsz > 1 and b3.strides[0] == 0 and a3.strides[0] == m * a3.strides[1] and a3.strides[2] == 1 \
-                    and a3.strides[1] == k:
-                # A shared right operand: fold the batch into M, one big matmul instead of B small ones.
-                a3 = View(a3.handle, a3.dtype, (1, bsz * m, k), (0, k, 1), a3.offset)
-                b3 = View(b3.handle, b3.dtype, (1, k, n), (0,) + b3.strides[1:], b3.offset)
-                o3 = View(out.view.handle, out.dtype, (1, bsz * m, n), (0, n, 1))
-            else:
-                o3 = View(out.view.handle, out.dtype, (bsz, m, n), (m * n, n, 1))
-            ctx.record(ctx.backend.record_matmul(a3, b3, o3))
         shape = batch + ((m,) if a.rank > 1 else ()) + ((n,) if b.rank > 1 else ())
-        return [reshape_view(ctx, out, shape) if shape != out.shape else out]
+        if math.prod(shape) == 0:
+            return [ctx.new(a.dtype, shape)]
+        av = ctx.view(a2).broadcast_to(batch + (m, k))
+        bv = ctx.view(b2).broadcast_to(batch + (k, n))
+        bsz = math.prod(batch)
+        a3 = as_3d(av, batch) if bsz > 1 else View(av.handle, av.dtype, (1, m, k), (0,) + av.strides[-2:],
+                                                      av.offset)
+        b3 = as_3d(bv, batch) if bsz > 1 else View(bv.handle, bv.dtype, (1, k, n), (0,) + bv.strides[-2:],
+                                                      bv.offset)
+        if a3 is None:
+            a3 = as_3d(ctx.contiguous(T(a.dtype, av.shape, view=av)).broadcast_to(av.shape), batch)
+        if b3 is None:
+            b3 = as_3d(ctx.contiguous(T(b.dtype, bv.shape, view=bv)).broadcast_to(bv.shape), batch)
+        if bsz > 1 and b3.strides[0] == 0 and a3.strides[0] == m * a3.strides[1] and a3.strides[2] == 1 \
+                and a3.strides[1] == k:
+            # A shared right operand: fold the batch into M, one big matmul instead of B small ones.
+            a3 = View(a3.handle, a3.dtype, (1, bsz * m, k), (0, k, 1), a3.offset)
+            b3 = View(b3.handle, b3.dtype, (1, k, n), (0,) + b3.strides[1:], b3.offset)
+            o3 = (1, bsz * m, n), (0, n, 1)
+        else:
+            o3 = (bsz, m, n), (m * n, n, 1)
+
+        def record(out: View, act: Expr | None, a3: View = a3, b3: View = b3, o3: tuple = o3) -> list:
+            return ctx.backend.record_matmul(a3, b3, View(out.handle, out.dtype, o3[0], o3[1], out.offset), act=act)
+
+        return [anchored(a.dtype, shape, record)]
 
 
 @register("Gemm", 1)
@@ -79,7 +84,6 @@ class Gemm(Op):
         (m, k), (k2, n) = av.shape, bv.shape
         if k != k2:
             raise ValueError(f"{self.node.describe()}: inner dims differ: {av.shape} @ {bv.shape}")
-        out = ctx.new(a.dtype, (m, n))
         bias = None
         if c is not None and self.a["beta"] != 0:
             try:
@@ -88,10 +92,13 @@ class Gemm(Op):
                 raise ValueError(f"{self.node.describe()}: C of shape {c.shape} does not broadcast to {(m, n)}") \
                     from None
             bias = View(cv.handle, cv.dtype, (1, m, n), (0,) + cv.strides, cv.offset)
-        if out.size:
-            ctx.record(ctx.backend.record_matmul(
-                View(av.handle, av.dtype, (1, m, k), (0,) + av.strides, av.offset),
-                View(bv.handle, bv.dtype, (1, k, n), (0,) + bv.strides, bv.offset),
-                View(out.view.handle, out.dtype, (1, m, n), (0, n, 1)),
-                alpha=self.a["alpha"], bias=bias, beta=self.a["beta"]))
-        return [out]
+        if m * n == 0:
+            return [ctx.new(a.dtype, (m, n))]
+        a3 = View(av.handle, av.dtype, (1, m, k), (0,) + av.strides, av.offset)
+        b3 = View(bv.handle, bv.dtype, (1, k, n), (0,) + bv.strides, bv.offset)
+
+        def record(out: View, act: Expr | None) -> list:
+            return ctx.backend.record_matmul(a3, b3, View(out.handle, out.dtype, (1, m, n), (0, n, 1), out.offset),
+                                             alpha=self.a["alpha"], bias=bias, beta=self.a["beta"], act=act)
+
+        return [anchored(a.dtype, (m, n), record)]

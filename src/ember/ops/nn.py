@@ -7,9 +7,9 @@ import math
 import numpy as np
 
 from ..backends.base import View
-from ..backends.expr import FLOAT, call, const, inp
+from ..backends.expr import FLOAT, Expr, call, const, inp
 from .base import Context, Op, T, register
-from .elementwise import emit
+from .elementwise import anchored, emit
 from .reduce import reduce_axes
 from .shape import norm_axis, reshape_view
 
@@ -59,15 +59,20 @@ class Conv(Op):
                   for i in range(r)]
         if min(out_sp) <= 0:
             raise ValueError(f"{self.node.describe()}: kernel {kernel} larger than the padded input {x.shape}")
-        out = ctx.new(x.dtype, (x.shape[0], w.shape[0], *out_sp))
+        out_shape = (x.shape[0], w.shape[0], *out_sp)
         if r == 1:
             strides, dil, kernel = (1, *strides), (1, *dil), (1, *kernel)
             pads = [0, pads[0], 0, pads[1]]
-        x4, w4, o4 = to_2d(ctx, x), to_2d(ctx, w), to_2d(ctx, out)
+        xv, wv = ctx.contiguous(to_2d(ctx, x)), ctx.contiguous(to_2d(ctx, w))
         bias = ctx.contiguous(b) if b is not None else None
-        ctx.record(ctx.backend.record_conv(ctx.contiguous(x4), ctx.contiguous(w4), bias, o4.view, strides,
-                                           (pads[0], pads[1], pads[2], pads[3]), dil, g))
-        return [out]
+        out4 = out_shape if r == 2 else out_shape[:2] + (1,) + out_shape[2:]
+
+        def record(out: View, act: Expr | None) -> list:
+            o4 = View.contiguous(out.handle, out.dtype, out4, out.offset)
+            return ctx.backend.record_conv(xv, wv, bias, o4, strides, (pads[0], pads[1], pads[2], pads[3]), dil, g,
+                                           act)
+
+        return [anchored(x.dtype, out_shape, record)]
 
 
 class Pool(Op):
@@ -227,7 +232,7 @@ class LRN(Op):
         # The channel-window sum of squares is an average pool over C (window `size`, count_include_pad).
         avg = ctx.new(x.dtype, (n, 1, c, rest))
         lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
-        ctx.record(ctx.backend.record_pool("avg", sq.view, avg.view, (size, 1), (1, 1), (lo, 0, hi, 0), (1, 1), True))
+        ctx.record(ctx.backend.record_pool("avg", ctx.view(sq), avg.view, (size, 1), (1, 1), (lo, 0, hi, 0), (1, 1), True))
         a = self.a
         e = call("div", inp(0), call("pow", call("add", const(a["bias"]), call("mul", const(a["alpha"]), inp(1))),
                                     const(a["beta"])))

@@ -381,7 +381,8 @@ class SpaceToDepth(_SpaceDepth):
     def run(self, ctx: Context, x: T) -> list[T]:
         n, c, h, w = x.shape
         b = self.a["blocksize"]
-        return [permute_copy(ctx, x, (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4), (n, c * b * b, h // b, w // b))]
+        perm = (0, 3, 5, 1, 2, 4) if self.a["mode"] == "DCR" else (0, 1, 3, 5, 2, 4)
+        return [permute_copy(ctx, x, (n, c, h // b, b, w // b, b), perm, (n, c * b * b, h // b, w // b))]
 
 
 def permute_copy(ctx: Context, x: T, tmp: tuple[int, ...], perm: tuple[int, ...], final: tuple[int, ...]) -> T:

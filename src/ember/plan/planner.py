@@ -63,6 +63,9 @@ def _fold(op: Any, inputs: list[T | None]) -> list[T]:
     ctx = Context(be)
     try:
         outs = op.run(ctx, *inputs)
+        for t in outs:
+            if t is not None and t.lazy is not None:
+                ctx.view(t)
         be.execute(ctx.steps)
         result = []
         for t in outs:
@@ -107,6 +110,13 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
     env: dict[str, T] = {name: T(arr.dtype, arr.shape, value=arr) for name, arr in graph.initializers.items()}
     inputs = []
     host_values = host_values or {}
+    uses: dict[str, int] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            if name:
+                uses[name] = uses.get(name, 0) + 1
+    for vi in graph.outputs:
+        uses[vi.name] = uses.get(vi.name, 0) + 1
     for vi in graph.inputs:
         if vi.name in host_values:
             env[vi.name] = T(vi.dtype, shapes[vi.name], value=host_values[vi.name])
@@ -131,11 +141,14 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
             for name, t in zip(node.outputs, outs, strict=False):
                 if name:
                     env[name] = t
+                    t.uses += uses.get(name, 0)
         outputs = []
         input_handles = {t.view.handle for _, t in inputs}
         seen: set[int] = set()
         for vi in graph.outputs:
             t = env[vi.name]
+            if t.lazy is not None:
+                ctx.view(t)
             if vi.dtype is not None and t.dtype != vi.dtype:
                 raise ValueError(f"output {vi.name!r}: the graph declares {vi.dtype}, ember inferred {t.dtype}")
             if t.view is not None and (not t.view.is_contiguous() or t.view.handle in input_handles
