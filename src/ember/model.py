@@ -13,6 +13,7 @@ from .backends import backend as make_backend
 from .backends import canonical_name
 from .ir import Graph
 from .onnx.importer import load
+from .onnx.optimize import optimize
 from .ops import UnsupportedError, lookup
 from .plan import Plan, build_plan
 from .plan.planner import host_value_inputs
@@ -169,9 +170,12 @@ def load_onnx(model: Any, backend: str = "auto", **options: Any) -> Model:
         backend = canonical_name(backend)
     graph, source = load(model)
     check_supported(graph)
+    rewrites = optimize(graph)
     name = backend
     try:
-        return Model(graph, backend, source, **options)
+        m = Model(graph, backend, source, **options)
+        m.rewrites = rewrites
+        return m
     except (NotImplementedError, ValueError, FileNotFoundError, TypeError):
         raise
     except Exception as e:

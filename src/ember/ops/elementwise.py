@@ -93,7 +93,8 @@ class Unary(Op):
         return [emit(ctx, self, self.build(inp(0, kind_of(x.dtype))), [x], x.dtype)]
 
 
-def unary(op_type: str, since: int, build: Callable[[Expr], Expr], attrs: dict | None = None) -> None:
+def unary(op_type: str, since: int, build: Callable[[Expr], Expr], attrs: dict | None = None,
+          domain: str = "") -> None:
     if attrs:
         def b(self: Op, x: Expr) -> Expr:
             return build(x, **self.a)
@@ -101,7 +102,7 @@ def unary(op_type: str, since: int, build: Callable[[Expr], Expr], attrs: dict |
         def b(self: Op, x: Expr) -> Expr:
             return build(x)
     cls = type(op_type, (Unary,), {"attrs": attrs or {}, "build": b})
-    register(op_type, since)(cls)
+    register(op_type, since, domain)(cls)
 
 
 for _name, _fn in {"Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
@@ -135,6 +136,7 @@ unary("HardSigmoid", 1, lambda x, alpha, beta: call("max", _f(0.0), call(
 unary("HardSwish", 14, lambda x: call("mul", x, call("max", _f(0.0), call(
     "min", _f(1.0), call("add", call("mul", _f(1.0 / 6.0), x), _f(0.5))))))
 unary("ThresholdedRelu", 10, lambda x, alpha: call("where", call("gt", x, _f(alpha)), x, _f(0.0)), {"alpha": 1.0})
+unary("Silu", 1, lambda x: call("mul", x, call("sigmoid", x)), domain="ai.ember")  # ai.ember.Silu: see onnx/optimize.py
 unary("Mish", 18, lambda x: call("mul", x, call("tanh", call("softplus", x))))
 unary("Shrink", 9, lambda x, bias, lambd: call("where", call("lt", x, _f(-lambd)), call("add", x, _f(bias)), call(
     "where", call("gt", x, _f(lambd)), call("sub", x, _f(bias)), _f(0.0))), {"bias": 0.0, "lambd": 0.5})
