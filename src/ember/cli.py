@@ -52,15 +52,15 @@ def run_model(path: str, backends: list[str], repeat: int, batch: int = 1) -> in
                 feeds[info.name] = rng.random(shape, dtype=np.float64).astype(info.dtype)
             if ref_sess is not None:
                 ref = ref_sess.run(None, feeds)
-                ms = _median_ms(lambda: ref_sess.run(None, feeds), repeat)
+                ms = _median_ms(lambda f=feeds: ref_sess.run(None, f), repeat)
                 rows.append(("onnxruntime (cpu)", "-", f"{ms:.2f}", "reference"))
         out = model.run(feeds)
-        ms = _median_ms(lambda m=model: m.run(feeds), repeat)
+        ms = _median_ms(lambda m=model, f=feeds: m.run(f), repeat)
         if ref is not None:
-            errs = []
-            for (oname, got), want in zip(out.items(), ref, strict=True):
+            errs, top_ok = [], True
+            for got, want in zip(out.values(), ref, strict=True):
                 errs.append(float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30)))
-                top_ok = got.ndim < 2 or bool((got.argmax(-1) == want.argmax(-1)).all())
+                top_ok = top_ok and (got.ndim < 2 or bool((got.argmax(-1) == want.argmax(-1)).all()))
             note = f"max rel err {max(errs):.1e}, top-1 {'same' if top_ok else 'DIFFERENT'}"
         else:
             note = "onnxruntime not installed: no reference"

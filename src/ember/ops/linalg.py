@@ -39,7 +39,8 @@ class MatMul(Op):
         try:
             batch = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
         except ValueError:
-            raise ValueError(f"{self.node.describe()}: batch dims of {a.shape} and {b.shape} do not broadcast") from None
+            raise ValueError(f"{self.node.describe()}: batch dims of {a.shape} and {b.shape} do not broadcast") \
+                from None
         shape = batch + ((m,) if a.rank > 1 else ()) + ((n,) if b.rank > 1 else ())
         if math.prod(shape) == 0:
             return [ctx.new(a.dtype, shape)]

@@ -232,7 +232,8 @@ class LRN(Op):
         # The channel-window sum of squares is an average pool over C (window `size`, count_include_pad).
         avg = ctx.new(x.dtype, (n, 1, c, rest))
         lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
-        ctx.record(ctx.backend.record_pool("avg", ctx.view(sq), avg.view, (size, 1), (1, 1), (lo, 0, hi, 0), (1, 1), True))
+        ctx.record(ctx.backend.record_pool("avg", ctx.view(sq), avg.view, (size, 1), (1, 1), (lo, 0, hi, 0), (1, 1),
+                                           True))
         a = self.a
         e = call("div", inp(0), call("pow", call("add", const(a["bias"]), call("mul", const(a["alpha"]), inp(1))),
                                     const(a["beta"])))
