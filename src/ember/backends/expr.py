@@ -5,6 +5,11 @@ Every elementwise ONNX op, the public unary/binary ops and fused chains of them 
 broadcasting, NaN rules and dtype handling are written once per backend, not once per op.
 
 Kinds: "float", "int", "bool". A backend picks the storage type (wgpu: f32 / i32 / u32).
+
+Index-aware nodes make gathers and resamplers single kernels too: `coord(d)` is the output element's
+coordinate along output dim d, and `load(i, idx...)` reads input i at a computed multi-index (indices are
+clamped into range, so a read never leaves the tensor). An input read only through `load` keeps its own
+shape; inputs read through `inp` are broadcast to the output's shape, as before.
 """
 
 from __future__ import annotations
@@ -20,18 +25,39 @@ FLOAT, INT, BOOL = "float", "int", "bool"
 
 @dataclass(frozen=True)
 class Expr:
-    op: str  # "in", "const" or a name in OPS
+    op: str  # "in", "const", "coord", "load" or a name in SIGNATURES
     args: tuple[Expr, ...] = ()
-    value: Any = None  # input index for "in", the number for "const"
+    value: Any = None  # input index for "in"/"load", the number for "const", the dim for "coord", the dtype for "bitcast"
     kind: str = FLOAT
 
     def size(self) -> int:
         return 1 + sum(a.size() for a in self.args)
 
+    def nodes(self) -> int:
+        """Distinct nodes (a subtree shared by identity counts once: it is computed once)."""
+        seen: set[int] = set()
+
+        def walk(e: Expr) -> None:
+            if id(e) not in seen:
+                seen.add(id(e))
+                for a in e.args:
+                    walk(a)
+
+        walk(self)
+        return len(seen)
+
     def inputs(self) -> set[int]:
-        if self.op == "in":
-            return {self.value}
-        return set().union(*(a.inputs() for a in self.args)) if self.args else set()
+        own = {self.value} if self.op in ("in", "load") else set()
+        return own.union(*(a.inputs() for a in self.args)) if self.args else own
+
+    def loaded(self) -> set[int]:
+        """Inputs read through `load` (at computed indices)."""
+        own = {self.value} if self.op == "load" else set()
+        return own.union(*(a.loaded() for a in self.args)) if self.args else own
+
+    def indexed(self) -> bool:
+        """True when the tree uses output coordinates or computed loads (no dim merging then)."""
+        return self.op in ("coord", "load") or any(a.indexed() for a in self.args)
 
     def key(self) -> str:
         """A stable text form, used to cache generated kernels."""
@@ -39,6 +65,10 @@ class Expr:
             return f"${self.value}:{self.kind}"
         if self.op == "const":
             return f"#{self.value!r}:{self.kind}"
+        if self.op == "coord":
+            return f"@{self.value}"
+        if self.op in ("load", "bitcast"):
+            return f"{self.op}{self.value}:{self.kind}({','.join(a.key() for a in self.args)})"
         return f"{self.op}({','.join(a.key() for a in self.args)})"
 
 
@@ -56,6 +86,28 @@ def const(value: float | int | bool, kind: str = FLOAT) -> Expr:
     return Expr("const", value=value, kind=kind)
 
 
+def coord(dim: int) -> Expr:
+    """The coordinate of the output element being computed, along output dim `dim`."""
+    return Expr("coord", value=int(dim), kind=INT)
+
+
+def load(index: int, *idx: Expr, kind: str = FLOAT) -> Expr:
+    """Input `index` (of kind `kind`) at the multi-index `idx` (one int Expr per dim of that input).
+
+    Each index is clamped into [0, dim - 1]: callers that need other out-of-range behaviour (a fill value,
+    say) select it with `where`, and a device read never leaves the tensor.
+    """
+    if any(e.kind != INT for e in idx):
+        raise ValueError("load: indices must be int expressions")
+    return Expr("load", tuple(idx), value=int(index), kind=kind)
+
+
+def bitcast(x: Expr, dtype: Any) -> Expr:
+    """The bits of x reinterpreted as `dtype` (same item size as x's dtype)."""
+    dt = np.dtype(dtype)
+    return Expr("bitcast", (x,), value=dt.name, kind=FLOAT if dt.kind == "f" else BOOL if dt.kind == "b" else INT)
+
+
 # name -> (arity, result kind: "same" (kind of first arg), or a fixed kind)
 SIGNATURES: dict[str, tuple[int, str]] = {}
 
@@ -71,6 +123,8 @@ _sig("exp log sqrt reciprocal sigmoid tanh erf gelu gelu_tanh sin cos tan asin a
 _sig("add sub mul div max min pow mod fmod", 2, "same")
 _sig("eq ne lt le gt ge", 2, BOOL)
 _sig("and or xor", 2, BOOL)
+_sig("bitand bitor bitxor shl shr", 2, "same")  # int operands; shifts need 0 <= amount < the storage width
+_sig("bitnot", 1, "same")
 _sig("not", 1, BOOL)
 _sig("isnan isinf isposinf isneginf", 1, BOOL)
 _sig("where", 3, "second")
@@ -145,21 +199,41 @@ NUMPY_OPS: dict[str, Any] = {
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
     "ge": np.greater_equal, "and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor,
     "not": np.logical_not, "isnan": np.isnan, "isinf": np.isinf, "isposinf": np.isposinf,
-    "isneginf": np.isneginf, "where": np.where,
+    "isneginf": np.isneginf, "where": np.where, "bitand": np.bitwise_and, "bitor": np.bitwise_or,
+    "bitxor": np.bitwise_xor, "bitnot": np.invert, "shl": np.left_shift, "shr": np.right_shift,
 }
 
 
 def eval_numpy(expr: Expr, inputs: list[np.ndarray], float_dtype: Any = np.float32,
-               int_dtype: Any = np.int64) -> np.ndarray:
-    """Evaluate `expr` over numpy arrays (already broadcast-compatible)."""
+               int_dtype: Any = np.int64, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """Evaluate `expr` over numpy arrays (already broadcast-compatible); `shape` is the output's, which
+    `coord` nodes need."""
     dtypes = {FLOAT: float_dtype, INT: int_dtype, BOOL: np.bool_}
+    memo: dict[int, np.ndarray] = {}  # shared subtrees (by identity) are evaluated once
 
     def ev(e: Expr) -> np.ndarray:
+        hit = memo.get(id(e))
+        if hit is None:
+            hit = memo[id(e)] = ev1(e)
+        return hit
+
+    def ev1(e: Expr) -> np.ndarray:
         if e.op == "in":
             return inputs[e.value]
         if e.op == "const":
             return np.asarray(e.value, dtypes[e.kind])
+        if e.op == "coord":
+            assert shape is not None, "coord needs the output shape"
+            d = e.value
+            return np.arange(shape[d], dtype=np.int64).reshape([-1 if i == d else 1 for i in range(len(shape))])
         vals = [ev(a) for a in e.args]
+        if e.op == "load":
+            src = inputs[e.value]
+            idx = tuple(np.clip(v.astype(np.int64, copy=False), 0, max(n - 1, 0)) for v, n in zip(vals, src.shape, strict=True))
+            return src[idx] if src.size else np.zeros(np.broadcast_shapes(*(v.shape for v in vals)), src.dtype)
+        if e.op == "bitcast":
+            v = np.ascontiguousarray(vals[0])
+            return v.view(np.dtype(e.value)) if v.ndim else v.reshape(1).view(np.dtype(e.value)).reshape(())
         if e.op == "to_float":
             return vals[0].astype(float_dtype)
         if e.op == "to_int":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -30,6 +30,7 @@ class Lazy:
     inputs: list[T]
     anchor: Callable[[View, Expr | None], list] | None = None
     nodes: int = 1  # graph nodes this value stands for (for the fusion counters)
+    deps: list[View] = field(default_factory=list)  # buffers the anchor kernel will read
 
 
 @dataclass(eq=False)
@@ -68,20 +69,47 @@ class Context:
         self.backend = backend
         self.steps: list = []
         self.handles: list[int] = []  # allocations made while planning (owned by the plan)
+        # Buffer reuse: an intermediate whose last reader has been recorded goes back to a free list.
+        self.reuse = True
+        self._free: list[tuple[int, int]] = []  # (nbytes, handle)
+        self._in_use: set[int] = set()  # intermediate handles holding live data
+        self.requested_bytes = 0  # every intermediate allocation, as if none were reused
+        self.intermediate_bytes = 0  # what the intermediates really take
         self._uploaded: dict[int, tuple[T, View]] = {}
         self.stats: dict[str, int] = {}
 
     # ---- tensors ----------------------------------------------------------------------------------
-    def alloc(self, dtype: Any, shape: Sequence[int]) -> View:
+    def alloc(self, dtype: Any, shape: Sequence[int], *, pinned: bool = False) -> View:
+        """A buffer for a new value; `pinned` ones (inputs, weights) are never reused."""
         dtype = np.dtype(dtype)
-        n = max(math.prod(shape), 1)
-        handle = self.backend.alloc(n * self.backend.storage_itemsize(dtype))
-        self.handles.append(handle)
+        nbytes = max(math.prod(shape), 1) * self.backend.storage_itemsize(dtype)
+        handle = None
+        if not pinned:
+            self.requested_bytes += nbytes
+            if self.reuse:
+                fits = [(size, h) for size, h in self._free if nbytes <= size <= 2 * nbytes + 4096]
+                if fits:
+                    best = min(fits)
+                    self._free.remove(best)
+                    handle = best[1]
+        if handle is None:
+            handle = self.backend.alloc(nbytes)
+            self.handles.append(handle)
+            if not pinned:
+                self.intermediate_bytes += nbytes
+        if not pinned:
+            self._in_use.add(handle)
         return View.contiguous(handle, dtype, shape)
 
-    def new(self, dtype: Any, shape: Sequence[int]) -> T:
+    def release_unreferenced(self, live: set[int]) -> None:
+        """Return every intermediate buffer not in `live` to the free list (its readers are recorded)."""
+        for h in [h for h in self._in_use if h not in live]:
+            self._in_use.discard(h)
+            self._free.append((self.backend.nbytes(h), h))
+
+    def new(self, dtype: Any, shape: Sequence[int], *, pinned: bool = False) -> T:
         shape = tuple(int(d) for d in shape)
-        return T(np.dtype(dtype), shape, view=self.alloc(dtype, shape))
+        return T(np.dtype(dtype), shape, view=self.alloc(dtype, shape, pinned=pinned))
 
     def const(self, value: Any, dtype: Any = None) -> T:
         arr = np.asarray(value, dtype=dtype)
@@ -97,7 +125,7 @@ class Context:
         hit = self._uploaded.get(id(t))
         if hit is not None:
             return hit[1]
-        v = self.alloc(t.dtype, t.shape)
+        v = self.alloc(t.dtype, t.shape, pinned=True)
         self.backend.upload(v.handle, np.ascontiguousarray(t.value, t.dtype))
         # Cached here, not on t: the same constant may be planned on another backend (folding).
         self._uploaded[id(t)] = (t, v)
@@ -136,6 +164,16 @@ class Context:
 
     def count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n
+
+
+def referenced_handles(t: T, out: set[int]) -> None:
+    """Buffers that t's data lives in or (while lazy) will be computed from."""
+    if t.view is not None:
+        out.add(t.view.handle)
+    if t.lazy is not None:
+        out.update(v.handle for v in t.lazy.deps)
+        for i in t.lazy.inputs:
+            referenced_handles(i, out)
 
 
 def kind_of(dtype: Any) -> str:

@@ -66,7 +66,7 @@ def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype)
             and unique[0].dtype == out_dtype):
         base = unique[0].lazy
         epilogue = substitute(fused, {0: base.expr})
-        return T(out_dtype, shape, lazy=Lazy(epilogue, [], base.anchor, base.nodes + nodes))
+        return T(out_dtype, shape, lazy=Lazy(epilogue, [], base.anchor, base.nodes + nodes, base.deps))
     if not unique:
         out = ctx.new(out_dtype, shape)
         if out.size:
@@ -75,9 +75,11 @@ def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype)
     return T(out_dtype, shape, lazy=Lazy(fused, unique, nodes=nodes))
 
 
-def anchored(dtype: np.dtype, shape: tuple[int, ...], record: Callable[[View, Expr | None], list]) -> T:
-    """A Conv/MatMul result, computed when first read, so a following activation can join its epilogue."""
-    return T(np.dtype(dtype), tuple(shape), lazy=Lazy(inp(0), [], record))
+def anchored(dtype: np.dtype, shape: tuple[int, ...], record: Callable[[View, Expr | None], list],
+             deps: list[View | None]) -> T:
+    """A Conv/MatMul result, computed when first read, so a following activation can join its epilogue.
+    `deps` are the views the kernel reads (kept alive until it is recorded)."""
+    return T(np.dtype(dtype), tuple(shape), lazy=Lazy(inp(0), [], record, deps=[d for d in deps if d is not None]))
 
 
 def args(inputs: list[T]) -> list[Expr]:

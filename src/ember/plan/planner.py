@@ -17,6 +17,7 @@ from ..backends.base import ComputeBackend, View
 from ..backends.cpu import CpuBackend
 from ..ir import Graph
 from ..ops import Context, T, UnsupportedError, lookup
+from ..ops.base import referenced_handles
 
 _FOLD = threading.local()
 
@@ -37,7 +38,9 @@ class Plan:
         self.inputs = inputs
         self.outputs = outputs
         self.stats = dict(ctx.stats)
-        self.intermediate_bytes = sum(backend.nbytes(h) for h in ctx.handles)
+        # Memory report: what the intermediates take with reuse, next to the sum of all of them.
+        self.intermediate_bytes = ctx.intermediate_bytes
+        self.intermediate_bytes_without_reuse = ctx.requested_bytes
 
     def run(self, feeds: dict[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:
         be = self.backend
@@ -117,11 +120,12 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
                 uses[name] = uses.get(name, 0) + 1
     for vi in graph.outputs:
         uses[vi.name] = uses.get(vi.name, 0) + 1
+    remaining = dict(uses)  # consumers not planned yet, per value (graph outputs never reach 0)
     for vi in graph.inputs:
         if vi.name in host_values:
             env[vi.name] = T(vi.dtype, shapes[vi.name], value=host_values[vi.name])
             continue
-        t = ctx.new(vi.dtype, shapes[vi.name])
+        t = ctx.new(vi.dtype, shapes[vi.name], pinned=True)
         env[vi.name] = t
         inputs.append((vi.name, t))
     try:
@@ -142,6 +146,16 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
                 if name:
                     env[name] = t
                     t.uses += uses.get(name, 0)
+                    remaining[name] = uses.get(name, 0)
+            for name in node.inputs:
+                if name:
+                    remaining[name] -= 1
+            live: set[int] = set()
+            for name, left in remaining.items():
+                t = env.get(name)
+                if left > 0 and t is not None:
+                    referenced_handles(t, live)
+            ctx.release_unreferenced(live)
         outputs = []
         input_handles = {t.view.handle for _, t in inputs}
         seen: set[int] = set()
@@ -154,7 +168,7 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
             if t.view is not None and (not t.view.is_contiguous() or t.view.handle in input_handles
                                        or t.view.handle in seen):
                 # Views of inputs or of other outputs get their own buffer, so reading one is never stale.
-                copy = ctx.alloc(t.dtype, t.shape)
+                copy = ctx.alloc(t.dtype, t.shape, pinned=True)
                 from ..backends.expr import inp
                 from ..ops.base import kind_of
 

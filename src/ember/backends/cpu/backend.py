@@ -80,9 +80,12 @@ class CpuBackend(ComputeBackend):
         float_dtype = next((a.dtype for a in ins if a.dtype.kind == "f"), dst.dtype if dst.dtype.kind == "f"
                            else np.dtype(np.float32))
         int_dtype = next((a.dtype for a in ins if a.dtype.kind in "iu"), np.dtype(np.int64))
+        if expr.indexed():
+            int_dtype = np.dtype(np.int64)  # index arithmetic must not wrap in a narrow data dtype
+        shape = out.shape
 
         def step() -> None:
-            dst[...] = eval_numpy(expr, ins, float_dtype, int_dtype)
+            dst[...] = eval_numpy(expr, ins, float_dtype, int_dtype, shape)
 
         return [step]
 

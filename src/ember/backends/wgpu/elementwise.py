@@ -65,7 +65,7 @@ fn pow_f32(x: f32, y: f32) -> f32 {
             if (y < 0.0) { r = 1.0 / r; }
         }
     }
-    return select(r, -r, x < 0.0 && odd);
+    return select(r, -r, (bitcast<u32>(x) & 0x80000000u) != 0u && odd);  // sign bit: pow(-0, -3) = -inf
 }
 fn imod(a: i32, b: i32) -> i32 {
     if (b == 0) { return 0; }
@@ -101,7 +101,12 @@ _I_UNARY = {"neg": "(-{0})", "abs": "abs({0})", "sign": "sign({0})", "relu": "ma
 _I_BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "idiv({0}, {1})",
              "max": "max({0}, {1})", "min": "min({0}, {1})", "mod": "imod({0}, {1})",
              "fmod": "select({0} % {1}, 0, {1} == 0)",
-             "pow": "i32(round(pow_f32(f32({0}), f32({1}))))"}
+             "pow": "i32(round(pow_f32(f32({0}), f32({1}))))", "bitand": "({0} & {1})", "bitor": "({0} | {1})",
+             "bitxor": "({0} ^ {1})", "bitnot": "(~{0})", "shl": "({0} << u32({1}))", "shr": "({0} >> u32({1}))"}
+# Narrow ints live in i32 words; a store wraps them to their logical width, so the next kernel reads the
+# value numpy would hold (uint8 200 + 100 = 44, not 300).
+_WRAP = {"int8": "(({0} << 24u) >> 24u)", "int16": "(({0} << 16u) >> 16u)", "uint8": "({0} & 255i)",
+         "uint16": "({0} & 65535i)"}
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _LOGIC = {"and": "({0} && {1})", "or": "({0} || {1})", "xor": "({0} != {1})", "not": "(!{0})"}
 WGSL_TYPE = {FLOAT: "f32", INT: "i32", BOOL: "bool"}
@@ -124,10 +129,12 @@ def int_literal(v: int) -> str:
 
 
 class _Emitter:
-    def __init__(self, loads: list[str]) -> None:
+    def __init__(self, loads: list[str], gather: Any = None) -> None:
         self.lines: list[str] = []
         self.loads = loads  # WGSL expression that loads input i, already of its kind's type
+        self.gather = gather  # (input, [index exprs]) -> WGSL expression, for "load" nodes
         self.count = 0
+        self.memo: dict[int, str] = {}  # a subtree shared by identity is computed once
 
     def emit(self, e: Expr) -> str:
         if e.op == "in":
@@ -138,11 +145,17 @@ class _Emitter:
             if e.kind == INT:
                 return int_literal(e.value)
             return "true" if e.value else "false"
+        if e.op == "coord":
+            return f"c{e.value}"
+        hit = self.memo.get(id(e))
+        if hit is not None:
+            return hit
         args = [self.emit(a) for a in e.args]
-        text = self.translate(e, args)
+        text = self.gather(e.value, args) if e.op == "load" else self.translate(e, args)
         name = f"t{self.count}"
         self.count += 1
         self.lines.append(f"    let {name}: {WGSL_TYPE[e.kind]} = {text};")
+        self.memo[id(e)] = name
         return name
 
     @staticmethod
@@ -158,6 +171,10 @@ class _Emitter:
             return {FLOAT: f"({a[0]} != 0.0)", INT: f"({a[0]} != 0i)", BOOL: a[0]}[k0]
         if op == "where":
             return f"select({a[2]}, {a[1]}, {a[0]})"
+        if op == "bitcast":
+            if BOOL in (k0, e.kind):
+                raise NotImplementedError("wgpu backend: bitcast to or from bool")
+            return a[0] if k0 == e.kind else f"bitcast<{WGSL_TYPE[e.kind]}>({a[0]})"
         if op in _CMP:
             if k0 == BOOL:
                 return f"(select(0i, 1i, {a[0]}) {_CMP[op]} select(0i, 1i, {a[1]}))"
@@ -186,20 +203,41 @@ def _merge_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple
     return dims, ss
 
 
+def _direct(e: Expr, acc: set[int]) -> set[int]:
+    """Inputs read through "in" (at the output element's own position)."""
+    if e.op == "in":
+        acc.add(e.value)
+    for a in e.args:
+        _direct(a, acc)
+    return acc
+
+
 def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, ...],
              in_strides: list[tuple[int, ...]], in_offsets: list[int], out_strides: tuple[int, ...],
-             out_offset: int, alias: list[bool]) -> str:
-    """WGSL for out[...] = expr(...) over an output window of `shape` (strided or not)."""
+             out_offset: int, alias: list[bool], in_shapes: list[tuple[int, ...]] | None = None,
+             out_dtype: Any = None) -> str:
+    """WGSL for out[...] = expr(...) over an output window of `shape` (strided or not).
+
+    `in_shapes` are needed for inputs read by `load` (their own shapes); `out_dtype`, the logical output
+    dtype, makes narrow ints wrap on store.
+    """
     total = math.prod(shape)
-    dims, ss = _merge_dims(shape, [out_strides, *in_strides])
-    out_ss, in_ss = ss[0], ss[1:]
+    indexed = expr.indexed()
+    direct = _direct(expr, set())
+    if indexed:
+        # Coordinates along every output dim, unmerged: coord(d) and computed loads refer to them.
+        dims, out_ss = list(shape), list(out_strides)
+        in_ss = [list(st) for st in in_strides]
+    else:
+        dims, ss = _merge_dims(shape, [out_strides, *in_strides])
+        out_ss, in_ss = ss[0], ss[1:]
     linear = list(View.contiguous(0, np.float32, tuple(dims)).strides)
     out_plain = out_ss == linear
     body = [f"    let gid = (wid.y * nwg.x + wid.x) * {WORKGROUP}u + lid.x;",
             f"    if (gid >= {total}u) {{ return; }}"]
     # Coordinates only when some operand is not addressed by the output's linear index.
-    plain = [st == linear for st in in_ss]
-    if not all(plain) or not out_plain:
+    plain = [st == linear or i not in direct for i, st in enumerate(in_ss)]
+    if dims and (indexed or not all(plain) or not out_plain):
         body.append("    var r = i32(gid);")
         for j in range(len(dims) - 1, 0, -1):
             body.append(f"    let c{j} = r % {dims[j]}; r = r / {dims[j]};")
@@ -207,17 +245,32 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
     loads = []
     decls = []
     for i, (t, st, off) in enumerate(zip(in_types, in_ss, in_offsets, strict=True)):
+        if not alias[i]:
+            decls.append(f"@group(0) @binding({i}) var<storage, read> in{i}: array<{t}>;")
+        if i not in direct:
+            loads.append("")  # read by `load` only: see gather()
+            continue
         if plain[i] and off == 0:
             idx = "gid"
         else:
             terms = [f"c{j} * {s}" for j, s in enumerate(st) if s != 0]
             idx = f"u32({' + '.join([str(off), *terms])})"
-        arr = "out" if alias[i] else f"in{i}"
-        raw = f"{arr}[{idx}]"
+        raw = f"{'out' if alias[i] else f'in{i}'}[{idx}]"
         loads.append(f"({raw} != 0u)" if t == "u32" else raw)
-        if not alias[i]:
-            decls.append(f"@group(0) @binding({i}) var<storage, read> in{i}: array<{t}>;")
-    em = _Emitter(loads)
+
+    def gather(i: int, idx: list[str]) -> str:
+        # Clamped indices: a trusted module must never read out of bounds, whatever the index data says.
+        if alias[i]:
+            raise ValueError("record_elementwise: an input read by load must not alias the output")
+        assert in_shapes is not None, "load needs the input shapes"
+        if math.prod(in_shapes[i]) == 0:
+            return {"f32": "0.0", "i32": "0i", "u32": "false"}[in_types[i]]  # nothing to read
+        terms = [f"clamp({a}, 0i, {max(n - 1, 0)}i) * {st}" for a, n, st in
+                 zip(idx, in_shapes[i], in_strides[i], strict=True) if n > 1 and st != 0]
+        raw = f"in{i}[u32({' + '.join([str(in_offsets[i]), *terms])})]"
+        return f"({raw} != 0u)" if in_types[i] == "u32" else raw
+
+    em = _Emitter(loads, gather)
     value = em.emit(expr)
     body.extend(em.lines)
     if out_type == "u32":
@@ -226,6 +279,8 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
         value = f"{out_type}(select(0, 1, {value}))"
     elif (out_type == "f32") != (expr.kind == FLOAT):
         value = f"{out_type}({value})"
+    if out_type == "i32" and out_dtype is not None and np.dtype(out_dtype).name in _WRAP:
+        value = _WRAP[np.dtype(out_dtype).name].format(value)
     if out_plain:
         out_idx = "gid" if out_offset == 0 else f"gid + {out_offset}u"
     else:
@@ -245,8 +300,8 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
 
 
 def record_elementwise(be: WgpuBackend, expr: Expr, inputs: list[View], out: View) -> list[Any]:
-    if expr.size() > MAX_EXPR_NODES:
-        raise ValueError(f"elementwise expression of {expr.size()} nodes exceeds the cap of {MAX_EXPR_NODES}")
+    if expr.nodes() > MAX_EXPR_NODES:
+        raise ValueError(f"elementwise expression of {expr.nodes()} nodes exceeds the cap of {MAX_EXPR_NODES}")
     total = out.size
     if total == 0:
         return []
@@ -259,7 +314,7 @@ def record_elementwise(be: WgpuBackend, expr: Expr, inputs: list[View], out: Vie
         if alias[i] and (in_types[i] != out_type or v.strides != out.strides or v.offset != out.offset):
             raise ValueError("record_elementwise: an input aliasing the output must have the output's layout")
     src = generate(expr, in_types, out_type, out.shape, [v.strides for v in inputs], [v.offset for v in inputs],
-                   out.strides, out.offset, alias)
+                   out.strides, out.offset, alias, [v.shape for v in inputs], out.dtype)
     pipeline = be.pipeline(f"ew:{expr.op}", src)
     # Bindings are numbered by input position; an input aliasing the output is read through `out`.
     bindings = {i: v.handle for i, v in enumerate(inputs) if not alias[i]}

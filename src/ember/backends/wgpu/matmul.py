@@ -35,7 +35,8 @@ F32 = np.dtype(np.float32)
 def require_f32(op: str, **views: View | None) -> None:
     for name, v in views.items():
         if v is not None and np.dtype(v.dtype) != F32:
-            raise NotImplementedError(f"wgpu {op}: {name} has dtype {np.dtype(v.dtype).name}; only float32 is supported")
+            raise NotImplementedError(
+                f"wgpu {op}: {name} has dtype {np.dtype(v.dtype).name}; only float32 is supported")
 
 
 def view_span(v: View) -> tuple[int, int]:
@@ -306,7 +307,8 @@ class StridedLoader(Loader):
             reg, xv, kv = f"{p}r{q}", f"{p}_x{q}", f"{p}gk{q}"
             lines.append(f"        {reg} = vec4<f32>(0.0);")
             lines.append(f"        let {kv} = {k0} + {p}_k{q};")
-            conds = ([f"{xv} < {u(self.x_size)}"] if guard_x else []) + ([f"{kv} < {u(self.k_size)}"] if guard_k else [])
+            conds = [f"{xv} < {u(self.x_size)}"] if guard_x else []
+            conds += [f"{kv} < {u(self.k_size)}"] if guard_k else []
             ind = "        "
             if conds:
                 lines.append(f"        if ({' && '.join(conds)}) {{")
@@ -404,8 +406,8 @@ class GemmProblem:
             "// two workgroup-memory stages (A stored transposed) + register prefetch.",
             "// Bindings (group 0):",
             *self.binds.comment(),
-            f"// Dispatch grid: {(gx, gy, gz)} = "
-            + ("(N tiles, M tiles, Z)" if not linear else f"{tn * tm * self.z} workgroups linearised (z, m tile, n tile)"),
+            f"// Dispatch grid: {(gx, gy, gz)} = " + ("(N tiles, M tiles, Z)" if not linear else
+                                                      f"{tn * tm * self.z} workgroups linearised (z, m tile, n tile)"),
             *[f"// {n}" for n in self.notes],
         ]
         lines = [

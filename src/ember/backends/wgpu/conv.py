@@ -1,0 +1,261 @@
+"""2-D convolution on the wgpu backend (NCHW, filter (K, C/groups, R, S)), bias + activation fused.
+
+- 1x1, stride 1, no padding, one group: a batched matmul (weights broadcast over the batch).
+- depthwise (C/groups == 1, groups == C): kernels/conv_depthwise.wgsl, one output per thread.
+- everything else: implicit GEMM with matmul.py's generated tiled kernel, per group on grid z:
+  out[n, g*Kg + m, p, q] = sum_kk W[g*Kg + m, kk] * X(kk; n, p, q), M = Kg, N = batch*P*Q, K = Cg*R*S, where the
+  B operand is gathered from the input on the fly (no im2col buffer): column j -> (n, p, q) is decoded once per
+  thread before the K loop, row kk -> (c, r, s) once per K tile.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..base import View
+from ..expr import Expr
+from .backend import WgpuBackend, grid_1d
+from .elementwise import PRELUDE
+from .matmul import (
+    F32,
+    Bindings,
+    Epilogue,
+    GemmProblem,
+    Loader,
+    Tile,
+    addr,
+    check_no_overlap,
+    check_view,
+    log2,
+    pick_tile,
+    record_matmul,
+    require_f32,
+    strided_loader,
+    u,
+)
+
+DEPTHWISE_WORKGROUP = 256
+
+
+@dataclass
+class ConvShape:
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    cg: int
+    r: int
+    s: int
+    p: int
+    q: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    dh: int
+    dw: int
+    groups: int
+
+    @property
+    def kg(self) -> int:
+        return self.k // self.groups
+
+
+@dataclass
+class Im2colLoader(Loader):
+    """B[kk, j] = x[n, g*Cg + c, p*sh - pt + r*dh, q*sw - pl + s*dw] for kk = (c, r, s), j = (n, p, q), zero outside."""
+
+    prefix: str
+    tile_x: int
+    cs: ConvShape
+    x: View
+    binds: Bindings
+
+    def _slot(self, tile: Tile, q: int) -> tuple[str, str, str]:
+        bx4 = self.tile_x // 4
+        v = "lid" if q == 0 else f"(lid + {u(q * tile.threads)})"
+        kr, xq = f"({v} >> {u(log2(bx4))})", f"(({v} & {u(bx4 - 1)}) << 2u)"
+        return xq, kr, f"{kr} * {u(bx4)} + ({v} & {u(bx4 - 1)})"
+
+    def prologue(self, tile: Tile) -> list[str]:
+        cs, p = self.cs, self.prefix
+        pq, npq, chw = cs.p * cs.q, cs.n * cs.p * cs.q, cs.c * cs.h * cs.w
+        lines = []
+        for q in range(self.quads(tile)):
+            xq, kr, so = self._slot(tile, q)
+            lines += [f"    let {p}_k{q} = {kr};", f"    let {p}_s{q} = {so};"]
+            for i in range(4):
+                j, t = f"{p}_j{q}_{i}", f"{p}{q}_{i}"
+                lines.append(f"    let {j} = n0 + {xq} + {u(i)};")
+                lines.append(f"    let {t}_ok = {j} < {u(npq)};")
+                lines.append(f"    let {t}_img = {j} / {u(pq)};")
+                lines.append(f"    let {t}_pq = {j} % {u(pq)};")
+                lines.append(f"    let {t}_h = i32(({t}_pq / {u(cs.q)}) * {u(cs.sh)}) - {cs.pt}i;")
+                lines.append(f"    let {t}_w = i32(({t}_pq % {u(cs.q)}) * {u(cs.sw)}) - {cs.pl}i;")
+                # Element offset of (img, group's first channel, 0, 0); z is the group.
+                lines.append(f"    let {t}_o = {addr(self.x.offset, [(f'{t}_img', chw), ('z', cs.cg * cs.h * cs.w)])};")
+        return lines
+
+    def load(self, tile: Tile, k0: str) -> list[str]:
+        cs, p, binds = self.cs, self.prefix, self.binds
+        rs, kk_size = cs.r * cs.s, cs.cg * cs.r * cs.s
+        # Which bounds checks the shape can need (padding or a tail the last output row reaches past).
+        h_lo, w_lo = cs.pt > 0, cs.pl > 0
+        h_hi = (cs.p - 1) * cs.sh - cs.pt + (cs.r - 1) * cs.dh >= cs.h
+        w_hi = (cs.q - 1) * cs.sw - cs.pl + (cs.s - 1) * cs.dw >= cs.w
+        lines = []
+        for q in range(self.quads(tile)):
+            reg, kk = f"{p}r{q}", f"{p}gk{q}"
+            lines.append(f"        {reg} = vec4<f32>(0.0);")
+            lines.append(f"        let {kk} = {k0} + {p}_k{q};")
+            ind = "        "
+            if kk_size % tile.bk:
+                lines.append(f"        if ({kk} < {u(kk_size)}) {{")
+                ind = "            "
+            c = kk if rs == 1 else f"({kk} / {u(rs)})"
+            rsv = "0u" if rs == 1 else f"({kk} % {u(rs)})"
+            r = "0u" if cs.r == 1 else (rsv if cs.s == 1 else f"({rsv} / {u(cs.s)})")
+            s = "0u" if cs.s == 1 else (rsv if cs.r == 1 else f"({rsv} % {u(cs.s)})")
+            lines.append(f"{ind}let {p}dh{q} = i32({r} * {u(cs.dh)});")
+            lines.append(f"{ind}let {p}dw{q} = i32({s} * {u(cs.dw)});")
+            lines.append(f"{ind}let {p}co{q} = {c} * {u(cs.h * cs.w)};")
+            for i, comp in enumerate("xyzw"):
+                t = f"{p}{q}_{i}"
+                hh, ww = f"{p}h{q}_{i}", f"{p}w{q}_{i}"
+                lines.append(f"{ind}let {hh} = {t}_h + {p}dh{q};")
+                lines.append(f"{ind}let {ww} = {t}_w + {p}dw{q};")
+                conds = [f"{t}_ok"]
+                if h_lo and h_hi:
+                    conds.append(f"u32({hh}) < {u(cs.h)}")
+                elif h_lo:
+                    conds.append(f"{hh} >= 0i")
+                elif h_hi:
+                    conds.append(f"{hh} < {cs.h}i")
+                if w_lo and w_hi:
+                    conds.append(f"u32({ww}) < {u(cs.w)}")
+                elif w_lo:
+                    conds.append(f"{ww} >= 0i")
+                elif w_hi:
+                    conds.append(f"{ww} < {cs.w}i")
+                idx = f"{t}_o + {p}co{q} + u32({hh}) * {u(cs.w)} + u32({ww})"
+                lines.append(f"{ind}if ({' && '.join(conds)}) {{ {reg}.{comp} = {binds.scalar(self.x.handle, idx)}; }}")
+            if kk_size % tile.bk:
+                lines.append("        }")
+        return lines
+
+    def store(self, tile: Tile, smem: str, base: str) -> list[str]:
+        return [f"        {smem}[{base} + {self.prefix}_s{q}] = {self.prefix}r{q};" for q in range(self.quads(tile))]
+
+
+def _conv_shape(x: View, w: View, out: View, stride: tuple[int, int], pads: tuple[int, int, int, int],
+                dilation: tuple[int, int], groups: int) -> ConvShape:
+    for name, v in (("x", x), ("w", w), ("out", out)):
+        if len(v.shape) != 4:
+            raise ValueError(f"conv: {name} must be 4-D, got shape {v.shape}")
+        if not v.is_contiguous():
+            raise ValueError(f"conv: {name} must be a contiguous view, got strides {v.strides} for shape {v.shape}")
+    n, c, h, wd = x.shape
+    k, cg, r, s = w.shape
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = stride, pads, dilation
+    if groups < 1 or c % groups or k % groups or cg != c // groups:
+        raise ValueError(f"conv: groups={groups} does not fit input channels {c}, filter {w.shape}")
+    if min(sh, sw, dh, dw) < 1 or min(pt, pl, pb, pr) < 0:
+        raise ValueError(f"conv: bad stride {stride}, dilation {dilation} or pads {pads}")
+    p = (h + pt + pb - dh * (r - 1) - 1) // sh + 1
+    q = (wd + pl + pr - dw * (s - 1) - 1) // sw + 1
+    if out.shape != (n, k, p, q):
+        raise ValueError(f"conv: out shape {out.shape}, expected {(n, k, p, q)}")
+    return ConvShape(n, c, h, wd, k, cg, r, s, p, q, sh, sw, pt, pl, dh, dw, groups)
+
+
+def record_conv(be: WgpuBackend, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
+                pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
+                act: Expr | None = None) -> list:
+    require_f32("conv", x=x, w=w, bias=bias, out=out)
+    cs = _conv_shape(x, w, out, tuple(stride), tuple(pads), tuple(dilation), int(groups))
+    if bias is not None and (len(bias.shape) != 1 or bias.shape[0] != cs.k):
+        raise ValueError(f"conv: bias must have shape ({cs.k},), got {bias.shape}")
+    for name, v in (("x", x), ("w", w), ("bias", bias), ("out", out)):
+        if v is not None:
+            check_view(be, v, name)
+            if name != "out":
+                check_no_overlap(v, out, name)
+    if out.size == 0:
+        return []
+    if x.size == 0 or w.size == 0:
+        raise ValueError("conv: empty input or filter with a non-empty output")
+
+    if (groups == 1 and cs.r == cs.s == 1 and (cs.sh, cs.sw) == (1, 1) and not any(pads)):
+        hw = cs.h * cs.w
+        a = View(w.handle, F32, (cs.n, cs.k, cs.c), (0, cs.c, 1), w.offset)
+        b = View(x.handle, F32, (cs.n, cs.c, hw), (cs.c * hw, hw, 1), x.offset)
+        o = View(out.handle, F32, (cs.n, cs.k, hw), (cs.k * hw, hw, 1), out.offset)
+        bv = None if bias is None else View(bias.handle, F32, (cs.n, cs.k, hw), (0, bias.strides[0], 0), bias.offset)
+        return record_matmul(be, a, b, o, alpha=1.0, bias=bv, beta=1.0, act=act)
+    if cs.cg == 1 and groups == cs.c:
+        return _record_depthwise(be, cs, x, w, bias, out, act)
+    return _record_implicit_gemm(be, cs, x, w, bias, out, act)
+
+
+def _conv_epilogue(cs: ConvShape, out: View, bias: View | None, act: Expr | None, binds: Bindings,
+                   guard: str | None) -> Epilogue:
+    """epi(acc, z = group, m = channel within the group, n = column (img, p, q))."""
+    pq = cs.p * cs.q
+    ep = Epilogue(addr(out.offset, [("img", cs.k * pq), ("z", cs.kg * pq), ("m", pq), ("pq", 1)]), act=act,
+                  guard=guard, pre=[f"    let img = n / {u(pq)};", f"    let pq = n % {u(pq)};"])
+    if bias is not None:
+        ep.bias_index = addr(bias.offset, [("z", cs.kg * bias.strides[0]), ("m", bias.strides[0])])
+        ep.bias_handle = bias.handle
+    return ep
+
+
+def _record_implicit_gemm(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: View | None, out: View,
+                          act: Expr | None) -> list:
+    m, ncols, kk = cs.kg, cs.n * cs.p * cs.q, cs.cg * cs.r * cs.s
+    tile = pick_tile(be, m, ncols, cs.groups)
+    binds = Bindings(out.handle)
+    la = strided_loader("a", tile.bm, binds, w.handle, w.offset, cs.kg * kk, kk, 1, m, kk, cs.groups)
+    binds.add(x.handle, False)
+    lb = Im2colLoader("b", tile.bn, cs, x, binds)
+    if bias is not None:
+        binds.add(bias.handle, False)
+    conds = ([f"m >= {u(m)}"] if m % tile.bm else []) + ([f"n >= {u(ncols)}"] if ncols % tile.bn else [])
+    ep = _conv_epilogue(cs, out, bias, act, binds, " || ".join(conds) or None)
+    prob = GemmProblem("conv_igemm", tile, m, ncols, kk, cs.groups, la, lb, ep, binds, notes=[
+        f"implicit GEMM conv: x {(cs.n, cs.c, cs.h, cs.w)}, w {(cs.k, cs.cg, cs.r, cs.s)}, groups {cs.groups}, "
+        f"stride {(cs.sh, cs.sw)}, pads top/left {(cs.pt, cs.pl)}, dilation {(cs.dh, cs.dw)} -> P x Q {cs.p}x{cs.q}",
+        "Z = group; M = output channels per group; N = batch*P*Q; K = Cg*R*S"])
+    return prob.record(be)
+
+
+def _record_depthwise(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: View | None, out: View,
+                      act: Expr | None) -> list:
+    binds = Bindings(out.handle)
+    binds.add(x.handle, False)
+    binds.add(w.handle, False)
+    if bias is not None:
+        binds.add(bias.handle, False)
+    pq = cs.p * cs.q
+    total = cs.n * cs.k * pq
+    # The epilogue sees (z = image, m = channel, n = p*Q + q).
+    ep = Epilogue(addr(out.offset, [("z", cs.k * pq), ("m", pq), ("n", 1)]), act=act)
+    if bias is not None:
+        ep.bias_index = addr(bias.offset, [("m", bias.strides[0])])
+        ep.bias_handle = bias.handle
+    groups = math.ceil(total / DEPTHWISE_WORKGROUP)
+    grid = grid_1d(groups)
+    header = "\n".join([
+        f"// ember depthwise conv: x {(cs.n, cs.c, cs.h, cs.w)}, w {(cs.k, 1, cs.r, cs.s)} (multiplier "
+        f"{cs.k // cs.c}), stride {(cs.sh, cs.sw)}, pads top/left {(cs.pt, cs.pl)}, dilation {(cs.dh, cs.dw)}",
+        "// Bindings (group 0):", *binds.comment(),
+        f"// Dispatch grid: {grid} = ceil({total} outputs / {DEPTHWISE_WORKGROUP}) workgroups spread over x, y"])
+    x_idx = addr(x.offset, [("xc", cs.h * cs.w), ("hu", cs.w), ("wu", 1)])
+    src = be.kernel_source(
+        "conv_depthwise", HEADER=header, PRELUDE=PRELUDE, BINDINGS="\n".join(binds.declarations()),
+        EPILOGUE=ep.function(binds), WORKGROUP=DEPTHWISE_WORKGROUP, TOTAL=u(total), P=u(cs.p), Q=u(cs.q),
+        K=u(cs.k), C=u(cs.c), MULT=u(cs.k // cs.c), H=u(cs.h), W=u(cs.w), R=u(cs.r), S=u(cs.s), SH=u(cs.sh),
+        SW=u(cs.sw), PT=f"{cs.pt}i", PL=f"{cs.pl}i", DH=u(cs.dh), DW=u(cs.dw),
+        LOAD_X=binds.scalar(x.handle, x_idx), LOAD_W=binds.scalar(w.handle, f"{w.offset}u + wk + r * {u(cs.s)} + s"))
+    return [be.dispatch(be.pipeline("conv_depthwise", src), binds.buffers(), grid, "conv_depthwise")]
