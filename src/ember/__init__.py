@@ -9,10 +9,11 @@ from .backends import (
     available_backends,
     backend,
 )
+from .device_array import DeviceArray
 from .model import Model, TensorInfo, load_onnx
 
 __version__ = "0.1.0"
 
-__all__ = ["BinaryOp", "ComputeBackend", "OutOfMemoryError", "ReduceOp", "UnaryOp", "__version__",
+__all__ = ["BinaryOp", "ComputeBackend", "DeviceArray", "OutOfMemoryError", "ReduceOp", "UnaryOp", "__version__",
            "Model", "TensorInfo",
            "available_backends", "backend", "load_onnx"]

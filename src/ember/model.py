@@ -11,6 +11,7 @@ import numpy as np
 
 from .backends import backend as make_backend
 from .backends import canonical_name
+from .device_array import DeviceArray
 from .ir import Graph
 from .onnx.importer import load
 from .onnx.optimize import optimize
@@ -68,8 +69,9 @@ def cast_feed(name: str, value: Any, expected: np.dtype) -> np.ndarray:
 class Model:
     """A loaded ONNX model bound to one backend. Plans are built once per input-shape signature."""
 
-    def __init__(self, graph: Graph, backend_name: str, source: str, **backend_opts: Any) -> None:
+    def __init__(self, graph: Graph, backend_name: str, source: str, fuse: bool = True, **backend_opts: Any) -> None:
         self.graph = graph
+        self.fuse = fuse
         self.source = source
         self._be = make_backend(backend_name, **backend_opts)
         self._plans: dict[tuple, Plan] = {}
@@ -77,6 +79,7 @@ class Model:
         self.inputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.inputs]
         self.outputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.outputs]
         self._stats: dict[str, int] = {}
+        self.rewrites: dict[str, int] = {}
         self._host_inputs = host_value_inputs(graph)
         for vi in graph.inputs:
             if vi.dtype is None or vi.shape is None:
@@ -105,7 +108,7 @@ class Model:
                tuple((n, host[n].tobytes()) for n in sorted(host)))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = build_plan(self.graph, self._be, shapes, host)
+            plan = self._plans[key] = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse)
         return plan
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -121,7 +124,17 @@ class Model:
         out = {}
         symbols: dict[str, int] = {}
         for info in self.inputs:
-            arr = cast_feed(info.name, feeds[info.name], info.dtype)
+            value = feeds[info.name]
+            if isinstance(value, DeviceArray):
+                if value.backend is not self._be:
+                    raise ValueError(f"input {info.name!r}: a device array of another backend object; pass "
+                                     f"value.numpy() or an array from this model's backend")
+                if value.dtype != info.dtype:
+                    raise ValueError(f"input {info.name!r}: expected dtype {info.dtype}, got device array of "
+                                     f"{value.dtype}")
+                arr = value
+            else:
+                arr = cast_feed(info.name, value, info.dtype)
             if arr.ndim != len(info.shape):
                 raise ValueError(f"input {info.name!r}: expected rank {len(info.shape)} (shape {list(info.shape)}), "
                                  f"got rank {arr.ndim} (shape {list(arr.shape)})")
@@ -133,10 +146,13 @@ class Model:
                     if symbols.setdefault(want, got) != got:
                         raise ValueError(f"input {info.name!r}: dim {axis} ({want!r}) is {got}, but another input "
                                          f"set {want!r} to {symbols[want]}")
-            out[info.name] = np.ascontiguousarray(arr)
+            out[info.name] = arr if isinstance(arr, DeviceArray) else np.ascontiguousarray(arr)
         return out
 
-    def run(self, feeds: Mapping[str, Any], output_names: list[str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, Any], output_names: list[str] | None = None,
+            keep_on_device: bool = False) -> dict[str, Any]:
+        """Run the model. With keep_on_device, outputs are DeviceArrays (`.numpy()` reads them back) that can be
+        fed to a model on the same backend without a host round trip."""
         arrays = self._check_feeds(feeds)
         if output_names is not None:
             known = [o.name for o in self.outputs]
@@ -145,7 +161,7 @@ class Model:
                 raise ValueError(f"unknown output name(s) {bad}; the model's outputs are {known}")
         with self._lock:
             plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
-            result = plan.run(arrays, output_names)
+            result = plan.run(arrays, output_names, keep_on_device)
             for k, v in plan.stats.items():
                 self._stats[k] = self._stats.get(k, 0) + v
         names = output_names if output_names is not None else [o.name for o in self.outputs]
@@ -157,6 +173,30 @@ class Model:
                              f"{[i.name for i in self.inputs]}, got {len(arrays)}")
         result = self.run({i.name: a for i, a in zip(self.inputs, arrays, strict=True)})
         return [result[o.name] for o in self.outputs]
+
+    def profile(self, feeds: Mapping[str, Any], top: int | None = None) -> list[tuple[str, float]]:
+        """Per-step time in ms (GPU timestamp queries on wgpu), labelled with the node that produced each step,
+        slowest first."""
+        arrays = self._check_feeds(feeds)
+        with self._lock:
+            plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
+            plan.run(arrays)  # inputs in place, pipelines warm
+            rows = sorted(plan.profile(), key=lambda r: -r[1])
+        return rows[:top] if top else rows
+
+    def plan_info(self, feeds: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Facts about the plan for these feeds (or the only plan): steps, fusion counts, memory."""
+        with self._lock:
+            if feeds is not None:
+                arrays = self._check_feeds(feeds)
+                plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
+            elif len(self._plans) == 1:
+                plan = next(iter(self._plans.values()))
+            else:
+                raise ValueError("this model has several (or no) plans yet: pass feeds to pick one")
+        return {"nodes": len(self.graph.nodes), "steps": len(plan.steps), "rewrites": dict(self.rewrites),
+                "intermediate_bytes": plan.intermediate_bytes,
+                "intermediate_bytes_without_reuse": plan.intermediate_bytes_without_reuse, **plan.stats}
 
     def stats(self) -> dict[str, int]:
         """Per-model counters: which arm ran for each fused pattern, summed over runs."""
@@ -170,12 +210,12 @@ def load_onnx(model: Any, backend: str = "auto", **options: Any) -> Model:
         backend = canonical_name(backend)
     graph, source = load(model)
     check_supported(graph)
-    rewrites = optimize(graph)
+    rewrites = optimize(graph) if options.get("fuse", True) else {}
     name = backend
     try:
-        m = Model(graph, backend, source, **options)
-        m.rewrites = rewrites
-        return m
+        model = Model(graph, backend, source, **options)
+        model.rewrites = rewrites
+        return model
     except (NotImplementedError, ValueError, FileNotFoundError, TypeError):
         raise
     except Exception as e:

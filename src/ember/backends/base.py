@@ -450,6 +450,24 @@ class ComputeBackend(ABC):
     def download(self, view: View) -> np.ndarray:
         """A new host array (logical dtype) holding a view's elements."""
 
+    @abstractmethod
+    def record_copy(self, src: int, dst: int, nbytes: int) -> list:
+        """Copy the first nbytes of allocation src into dst, on the device."""
+
+    def profile(self, steps: list) -> list[float]:
+        """Run steps one by one and return each one's time in milliseconds (device time where the backend can
+        measure it)."""
+        import time
+
+        times = []
+        for st in steps:
+            self.synchronize()
+            t = time.perf_counter()
+            self.execute([st])
+            self.synchronize()
+            times.append((time.perf_counter() - t) * 1e3)
+        return times
+
     def release(self) -> None:
         """Free every live allocation (tests use it to look for leaks)."""
         for handle in list(self._sizes):

@@ -30,6 +30,7 @@ class Lazy:
     inputs: list[T]
     anchor: Callable[[View, Expr | None], list] | None = None
     nodes: int = 1  # graph nodes this value stands for (for the fusion counters)
+    origin: str = ""  # the node that created it (profile labels)
     deps: list[View] = field(default_factory=list)  # buffers the anchor kernel will read
 
 
@@ -77,6 +78,9 @@ class Context:
         self.intermediate_bytes = 0  # what the intermediates really take
         self._uploaded: dict[int, tuple[T, View]] = {}
         self.stats: dict[str, int] = {}
+        self.node = ""  # the node being planned: recorded steps are labelled with it
+        self.labels: list[str] = []
+        self.fuse = True  # lazy elementwise fusion and epilogues (off: one kernel per node)
 
     # ---- tensors ----------------------------------------------------------------------------------
     def alloc(self, dtype: Any, shape: Sequence[int], *, pinned: bool = False) -> View:
@@ -137,13 +141,13 @@ class Context:
         out = self.alloc(t.dtype, t.shape)
         if lz.anchor is not None:
             identity = lz.expr.op == "in"
-            self.record(lz.anchor(out, None if identity else lz.expr))
+            self.record(lz.anchor(out, None if identity else lz.expr), lz.origin)
             if not identity:
                 self.count("epilogue.fused", lz.nodes - 1)
         else:
             views = [self.view(i).broadcast_to(t.shape) for i in lz.inputs]
             if t.size:
-                self.record(self.backend.record_elementwise(lz.expr, views, out))
+                self.record(self.backend.record_elementwise(lz.expr, views, out), lz.origin)
             self.count("elementwise.kernels")
             self.count("elementwise.nodes", lz.nodes)
         t.view, t.lazy = out, None
@@ -159,8 +163,9 @@ class Context:
         self.record(self.backend.record_elementwise(inp(0, kind_of(t.dtype)), [v], out))
         return out
 
-    def record(self, steps: list) -> None:
+    def record(self, steps: list, label: str | None = None) -> None:
         self.steps.extend(steps)
+        self.labels.extend([label or self.node] * len(steps))
 
     def count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n

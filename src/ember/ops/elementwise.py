@@ -35,6 +35,12 @@ def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype)
     """The result of an elementwise node, as a lazy value: single-use lazy inputs are inlined, scalar
     constants become literals, and a lone Conv/MatMul input takes the expression as its epilogue."""
     shape = broadcast_shape(op, [t.shape for t in inputs])
+    if not ctx.fuse:
+        out = ctx.new(out_dtype, shape)
+        if out.size:
+            views = [ctx.view(t).broadcast_to(shape) for t in inputs]
+            ctx.record(ctx.backend.record_elementwise(expr, views, out.view))
+        return out
     mapping: dict[int, Expr] = {}
     new_inputs: list[T] = []
     nodes = 1
@@ -66,20 +72,24 @@ def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype)
             and unique[0].dtype == out_dtype):
         base = unique[0].lazy
         epilogue = substitute(fused, {0: base.expr})
-        return T(out_dtype, shape, lazy=Lazy(epilogue, [], base.anchor, base.nodes + nodes, base.deps))
+        return T(out_dtype, shape, lazy=Lazy(epilogue, [], base.anchor, base.nodes + nodes, base.origin, base.deps))
     if not unique:
         out = ctx.new(out_dtype, shape)
         if out.size:
             ctx.record(ctx.backend.record_elementwise(fused, [], out.view))
         return out
-    return T(out_dtype, shape, lazy=Lazy(fused, unique, nodes=nodes))
+    return T(out_dtype, shape, lazy=Lazy(fused, unique, nodes=nodes, origin=ctx.node))
 
 
-def anchored(dtype: np.dtype, shape: tuple[int, ...], record: Callable[[View, Expr | None], list],
+def anchored(ctx: Context, dtype: np.dtype, shape: tuple[int, ...], record: Callable[[View, Expr | None], list],
              deps: list[View | None]) -> T:
     """A Conv/MatMul result, computed when first read, so a following activation can join its epilogue.
     `deps` are the views the kernel reads (kept alive until it is recorded)."""
-    return T(np.dtype(dtype), tuple(shape), lazy=Lazy(inp(0), [], record, deps=[d for d in deps if d is not None]))
+    deps = [d for d in deps if d is not None]
+    t = T(np.dtype(dtype), tuple(shape), lazy=Lazy(inp(0), [], record, origin=ctx.node, deps=deps))
+    if not ctx.fuse:
+        ctx.view(t)
+    return t
 
 
 def args(inputs: list[T]) -> list[Expr]:

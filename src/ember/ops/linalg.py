@@ -67,7 +67,7 @@ class MatMul(Op):
         def record(out: View, act: Expr | None, a3: View = a3, b3: View = b3, o3: tuple = o3) -> list:
             return ctx.backend.record_matmul(a3, b3, View(out.handle, out.dtype, o3[0], o3[1], out.offset), act=act)
 
-        return [anchored(a.dtype, shape, record, [a3, b3])]
+        return [anchored(ctx, a.dtype, shape, record, [a3, b3])]
 
 
 @register("Gemm", 1)
@@ -102,4 +102,4 @@ class Gemm(Op):
             return ctx.backend.record_matmul(a3, b3, View(out.handle, out.dtype, (1, m, n), (0, n, 1), out.offset),
                                              alpha=self.a["alpha"], bias=bias, beta=self.a["beta"], act=act)
 
-        return [anchored(a.dtype, (m, n), record, [a3, b3, bias])]
+        return [anchored(ctx, a.dtype, (m, n), record, [a3, b3, bias])]

@@ -72,7 +72,7 @@ class Conv(Op):
             return ctx.backend.record_conv(xv, wv, bias, o4, strides, (pads[0], pads[1], pads[2], pads[3]), dil, g,
                                            act)
 
-        return [anchored(x.dtype, out_shape, record, [xv, wv, bias])]
+        return [anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias])]
 
 
 class Pool(Op):

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..backends.base import ComputeBackend, View
 from ..backends.cpu import CpuBackend
+from ..device_array import DeviceArray
 from ..ir import Graph
 from ..ops import Context, T, UnsupportedError, lookup
 from ..ops.base import referenced_handles
@@ -34,6 +35,7 @@ class Plan:
                  outputs: list[tuple[str, T]]) -> None:
         self.backend = backend
         self.steps = ctx.steps
+        self.labels = ctx.labels
         self.handles = ctx.handles
         self.inputs = inputs
         self.outputs = outputs
@@ -42,18 +44,37 @@ class Plan:
         self.intermediate_bytes = ctx.intermediate_bytes
         self.intermediate_bytes_without_reuse = ctx.requested_bytes
 
-    def run(self, feeds: dict[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, Any], names: list[str] | None = None,
+            keep_on_device: bool = False) -> dict[str, Any]:
+        """One replay: inputs written (device arrays copied on the device), all steps in one submit, outputs
+        read back, or copied into new device arrays without a host round trip."""
         be = self.backend
+        pre, post = [], []
         for name, t in self.inputs:
-            if t.size:
-                be.upload(t.view.handle, feeds[name])
-        be.execute(self.steps)
-        result = {}
-        for name, t in self.outputs:
-            if names is not None and name not in names:
-                continue
-            result[name] = t.value.copy() if t.view is None else be.download(t.view)
+            value = feeds[name]
+            if isinstance(value, DeviceArray):
+                pre += be.record_copy(value.handle, t.view.handle, be.nbytes(value.handle))
+            elif t.size:
+                be.upload(t.view.handle, value)
+        wanted = [(n, t) for n, t in self.outputs if names is None or n in names]
+        result: dict[str, Any] = {}
+        if keep_on_device:
+            for name, t in wanted:
+                if t.view is None:  # a constant output
+                    result[name] = DeviceArray.from_numpy(be, t.value)
+                    continue
+                handle = be.alloc(max(t.size, 1) * be.storage_itemsize(t.dtype))
+                post += be.record_copy(t.view.handle, handle, be.nbytes(handle))
+                result[name] = DeviceArray(be, handle, t.dtype, t.shape)
+        be.execute(pre + self.steps + post if pre or post else self.steps)
+        if not keep_on_device:
+            for name, t in wanted:
+                result[name] = t.value.copy() if t.view is None else be.download(t.view)
         return result
+
+    def profile(self) -> list[tuple[str, float]]:
+        """(label, milliseconds) per recorded step, measured one by one (GPU timestamps on wgpu)."""
+        return list(zip(self.labels, self.backend.profile(self.steps), strict=True))
 
     def free(self) -> None:
         for h in self.handles:
@@ -108,8 +129,9 @@ def host_value_inputs(graph: Graph) -> set[str]:
 
 
 def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[int, ...]],
-               host_values: dict[str, np.ndarray] | None = None) -> Plan:
+               host_values: dict[str, np.ndarray] | None = None, fuse: bool = True) -> Plan:
     ctx = Context(backend)
+    ctx.fuse = ctx.reuse = fuse
     env: dict[str, T] = {name: T(arr.dtype, arr.shape, value=arr) for name, arr in graph.initializers.items()}
     inputs = []
     host_values = host_values or {}
@@ -134,6 +156,7 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
             if cls is None:
                 raise UnsupportedError(f"{node.describe()}: not supported")
             op = cls(node)
+            ctx.node = f"{node.name} ({node.op_type})"
             ins = [env[i] if i else None for i in node.inputs]
             missing = [i for i in node.inputs if i and i not in env]
             if missing:

@@ -58,6 +58,14 @@ class CpuBackend(ComputeBackend):
     def download(self, view: View) -> np.ndarray:
         return self.array(view).copy()
 
+    def record_copy(self, src: int, dst: int, nbytes: int) -> list[Step]:
+        a, b = self._mem[src], self._mem[dst]
+
+        def step() -> None:
+            b[:nbytes] = a[:nbytes]
+
+        return [step]
+
     def execute(self, steps: list) -> None:
         for step in steps:
             step()

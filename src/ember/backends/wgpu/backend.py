@@ -202,6 +202,41 @@ class WgpuBackend(ComputeBackend):
         buf = self.device.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.STORAGE)
         return buf
 
+    def record_copy(self, src: int, dst: int, nbytes: int) -> list:
+        size = -(-nbytes // 4) * 4  # copy sizes must be multiples of 4; buffers are padded to 16
+        return [Copy(self._bufs[src], 0, self._bufs[dst], 0, size)]
+
+    def profile(self, steps: list) -> list[float]:
+        """Per-step GPU time from timestamp queries: each dispatch in its own pass, stamped at both ends."""
+        if "timestamp-query" not in self.features:
+            return super().profile(steps)
+        from wgpu.backends.wgpu_native import _api
+
+        n = len(steps)
+        qs = self.device.create_query_set(type="timestamp", count=2 * n)
+        resolve = self.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        encoder = self.device.create_command_encoder()
+        for i, st in enumerate(steps):
+            if type(st) is Dispatch:
+                cpass = encoder.begin_compute_pass(timestamp_writes={
+                    "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+                cpass.set_pipeline(st.pipeline)
+                cpass.set_bind_group(0, st.bind_group)
+                cpass.dispatch_workgroups(*st.grid)
+                cpass.end()
+            else:
+                # Copies cannot carry timestamp writes: an empty stamped pass on each side brackets them.
+                encoder.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * i}).end()
+                encoder.copy_buffer_to_buffer(st.src, st.src_offset, st.dst, st.dst_offset, st.size)
+                encoder.begin_compute_pass(timestamp_writes={"query_set": qs, "end_of_pass_write_index": 2 * i + 1}).end()
+        encoder.resolve_query_set(qs, 0, 2 * n, resolve, 0)
+        self.queue.submit([encoder.finish()])
+        ticks = np.frombuffer(self.queue.read_buffer(resolve), np.uint64).reshape(n, 2).astype(np.float64)
+        period = _api.lib.wgpuQueueGetTimestampPeriod(self.queue._internal)
+        resolve.destroy()
+        qs.destroy()
+        return list((ticks[:, 1] - ticks[:, 0]) * period / 1e6)
+
     def execute(self, steps: list) -> None:
         if not steps:
             return
