@@ -1,0 +1,300 @@
+"""Model benchmarks: ember (wgpu, cpu) side by side with ONNX Runtime and PyTorch, in one process.
+
+    python bench/bench_models.py [--models resnet18_b1,...] [--repeat 30] [--json out.json] [--md out.md]
+                                 [--peers]   # also ONNX Runtime's WebGPU provider (from ../shared/tools/gpu-prep --peers)
+
+Each engine: warm-up, then the median (and p10/p90) of `repeat` timed runs, host arrays in and out (PyTorch
+CUDA times include the copies to and from the GPU, as ember's do). Speed numbers are ratios taken in one
+run on one machine; BENCHMARKS.md records them with date, hardware and command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))
+
+import ember  # noqa: E402
+
+# ---- models ---------------------------------------------------------------------------------------------
+
+
+def build_mobilenetv2_224() -> Any:
+    """MobileNetV2 (torchvision's configuration, width 1.0, 1000 classes), built here since torchvision is absent."""
+    import torch
+    from torch import nn
+
+    def cbr(cin: int, cout: int, k: int, s: int, g: int = 1, act: bool = True) -> list[Any]:
+        layers = [nn.Conv2d(cin, cout, k, s, k // 2, groups=g, bias=False), nn.BatchNorm2d(cout)]
+        return layers + ([nn.ReLU6()] if act else [])
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, s: int, t: int) -> None:
+            super().__init__()
+            hid = cin * t
+            self.res = s == 1 and cin == cout
+            self.body = nn.Sequential(*(cbr(cin, hid, 1, 1) if t != 1 else []), *cbr(hid, hid, 3, s, hid),
+                                      *cbr(hid, cout, 1, 1, act=False))
+
+        def forward(self, x: Any) -> Any:
+            return x + self.body(x) if self.res else self.body(x)
+
+    layers, cin = cbr(3, 32, 3, 2), 32
+    for t, c, n, s in [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                       (6, 320, 1, 1)]:
+        for i in range(n):
+            layers.append(Block(cin, c, s if i == 0 else 1, t))
+            cin = c
+    layers += cbr(cin, 1280, 1, 1) + [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, 1000)]
+    torch.manual_seed(0)
+    model = nn.Sequential(*layers).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def export_torch(model: Any, inputs: dict[str, np.ndarray], name: str) -> Path:
+    from tests.models.transformers import export
+
+    return export(model, inputs, name)
+
+
+def chain_model(n: int = 200, size: int = 4096) -> tuple[Path, dict[str, np.ndarray]]:
+    """A chain of n elementwise nodes (Add, Mul, Relu, Tanh, ...): measures per-node cost."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    ops = ["Add", "Mul", "Relu", "Sub", "Tanh", "Abs", "Sigmoid", "Neg"]
+    nodes, prev = [], "x"
+    c = helper.make_tensor("c", TensorProto.FLOAT, [1], [0.5])
+    for i in range(n):
+        op = ops[i % len(ops)]
+        ins = [prev, "c"] if op in ("Add", "Mul", "Sub") else [prev]
+        nodes.append(helper.make_node(op, ins, [f"t{i}"]))
+        prev = f"t{i}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, size])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, size])], [c])
+    path = ROOT / ".cache" / "models" / f"chain{n}.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path, {"x": np.random.default_rng(0).standard_normal((1, size)).astype(np.float32)}
+
+
+def workloads() -> dict[str, Callable[[], tuple[Path, dict[str, np.ndarray], Any]]]:
+    """name -> builder returning (onnx path, feeds, torch module or None)."""
+    from tests.models import transformers as tr
+    from tests.models import zoo
+
+    def resnet(batch: int) -> Callable:
+        def build() -> tuple:
+            model = zoo.randomize_(zoo.build_resnet18(), 18, zoo.RESNET_INPUT)
+            x = np.random.default_rng(0).random((batch, 3, 224, 224), dtype=np.float32)
+            return export_torch(model, {"input": x}, f"bench_resnet18_b{batch}"), {"input": x}, model
+        return build
+
+    def mobilenet() -> tuple:
+        model = build_mobilenetv2_224()
+        x = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
+        return export_torch(model, {"input": x}, "bench_mobilenetv2_b1"), {"input": x}, model
+
+    def bert() -> tuple:
+        model = tr.build_bert(layers=4, hidden=768, heads=12, ff=3072)
+        feeds = tr.bert_inputs(1, 128, hidden=768)
+        return export_torch(model, feeds, "bench_bert4_s128"), feeds, model
+
+    def chain() -> tuple:
+        path, feeds = chain_model()
+        return path, feeds, None
+
+    return {"resnet18_b1": resnet(1), "resnet18_b8": resnet(8), "mobilenetv2_b1": mobilenet,
+            "bert4x768_s128": bert, "chain200": chain}
+
+
+# ---- engines --------------------------------------------------------------------------------------------
+
+
+def timeit(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> dict[str, float]:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t) * 1e3)
+    ts.sort()
+    return {"median_ms": statistics.median(ts), "p10_ms": ts[len(ts) // 10], "p90_ms": ts[(9 * len(ts)) // 10]}
+
+
+def ember_engine(path: Path, feeds: dict, backend: str, fuse: bool = True) -> tuple[Callable, Any]:
+    model = ember.load_onnx(path, backend=backend, fuse=fuse)
+    return (lambda: model.run(feeds)), model
+
+
+def ort_engine(path: Path, feeds: dict) -> Callable:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return lambda: sess.run(None, feeds)
+
+
+def torch_engines(module: Any, feeds: dict) -> dict[str, Callable]:
+    import torch
+
+    out: dict[str, Callable] = {}
+    if module is None or not torch.cuda.is_available():
+        return out
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 everywhere, as ember computes
+    torch.backends.cudnn.allow_tf32 = False
+    mod = module.cuda().eval()
+    host = [torch.from_numpy(v) for v in feeds.values()]
+
+    def eager() -> Any:
+        with torch.no_grad():
+            return mod(*(h.cuda() for h in host)).cpu()
+
+    out["torch eager (CUDA)"] = eager
+    try:
+        compiled = torch.compile(mod)
+
+        def comp() -> Any:
+            with torch.no_grad():
+                return compiled(*(h.cuda() for h in host)).cpu()
+
+        comp()
+        out["torch.compile (CUDA)"] = comp
+    except Exception as e:  # no Triton / compiler on the machine
+        print(f"  torch.compile unavailable: {type(e).__name__}: {str(e)[:120]}")
+    return out
+
+
+PEER_SCRIPT = """
+import json, sys, time, statistics, numpy as np, onnxruntime as ort
+path, feeds_path, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
+feeds = dict(np.load(feeds_path))
+so = ort.SessionOptions(); so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+s = ort.InferenceSession(path, so, providers=["WebGpuExecutionProvider"])
+for _ in range(3): s.run(None, feeds)
+ts = []
+for _ in range(repeat):
+    t = time.perf_counter(); s.run(None, feeds); ts.append((time.perf_counter() - t) * 1e3)
+ts.sort(); print(json.dumps({"median_ms": statistics.median(ts), "p10_ms": ts[len(ts)//10], "p90_ms": ts[9*len(ts)//10]}))
+"""
+
+
+def peer_webgpu(path: Path, feeds: dict, repeat: int) -> dict | str:
+    """ONNX Runtime's WebGPU provider, in a subprocess (its module name would shadow the CPU build)."""
+    if not os.path.isdir("/tmp/peers"):
+        return "not installed"
+    fp = ROOT / ".cache" / "peer_feeds.npz"
+    np.savez(fp, **feeds)
+    env = dict(os.environ, PYTHONPATH="/tmp/peers:" + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", PEER_SCRIPT, str(path), str(fp), str(repeat)], capture_output=True,
+                       text=True, env=env, timeout=300)
+    if r.returncode:
+        return "failed: " + (r.stderr.strip().splitlines() or ["?"])[-1][:160]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# ---- main -----------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="resnet18_b1,resnet18_b8,mobilenetv2_b1,bert4x768_s128,chain200")
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--md", type=Path)
+    ap.add_argument("--peers", action="store_true", help="also ONNX Runtime's WebGPU provider")
+    ap.add_argument("--no-cpu", action="store_true", help="skip the ember cpu backend (slow on big models)")
+    args = ap.parse_args()
+    backends = ember.available_backends()
+    wl = workloads()
+    results: list[dict] = []
+    for name in args.models.split(","):
+        path, feeds, module = wl[name]()
+        print(f"== {name}  ({path.name})", flush=True)
+        ref = None
+        engines: list[tuple[str, Callable[[], Any]]] = []
+        info: dict[str, Any] = {}
+        for b in backends:
+            if b == "cpu" and args.no_cpu:
+                continue
+            fn, model = ember_engine(path, feeds, b)
+            engines.append((f"ember {b}", fn))
+            info[b] = model.plan_info()
+            if b == "wgpu":
+                info["wgpu_adapter"] = model.compute_backend.adapter_name
+                if name == "chain200":
+                    fn2, m2 = ember_engine(path, feeds, b, fuse=False)
+                    engines.append(("ember wgpu, fusion off", fn2))
+                    info["wgpu_unfused_steps"] = m2.plan_info()["steps"]
+                try:
+                    info["wgpu_profile_top"] = [(lbl, round(ms, 4)) for lbl, ms in model.profile(feeds, top=8)]
+                    info["wgpu_gpu_ms_total"] = round(sum(ms for _, ms in model.profile(feeds)), 4)
+                except Exception as e:  # profiling needs timestamp queries
+                    info["wgpu_profile_top"] = f"unavailable: {e}"
+        engines.append(("onnxruntime cpu", ort_engine(path, feeds)))
+        engines += list(torch_engines(module, feeds).items())
+        row = {"model": name, "engines": {}, "info": info}
+        for label, fn in engines:
+            out = fn()
+            out0 = out[0] if isinstance(out, list) else next(iter(out.values())) if isinstance(out, dict) else out
+            out0 = np.asarray(out0.numpy() if hasattr(out0, "numpy") else out0)
+            if ref is None and label == "onnxruntime cpu":
+                ref = out0
+            t = timeit(fn, args.repeat)
+            row["engines"][label] = t
+            print(f"  {label:28} {t['median_ms']:9.3f} ms  (p10 {t['p10_ms']:.3f}, p90 {t['p90_ms']:.3f})", flush=True)
+            row["engines"][label]["_out"] = out0
+        for label, t in row["engines"].items():
+            out0 = t.pop("_out")
+            if ref is not None and out0.shape == ref.shape:
+                t["max_rel_err_vs_ort"] = float(np.abs(out0 - ref).max() / (np.abs(ref).max() + 1e-30))
+        if args.peers:
+            row["engines"]["onnxruntime webgpu (peer)"] = peer_webgpu(path, feeds, args.repeat)
+            print(f"  onnxruntime webgpu: {row['engines']['onnxruntime webgpu (peer)']}")
+        results.append(row)
+    meta = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "python": platform.python_version(),
+            "command": " ".join(sys.argv), "backends": backends}
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
+    table = markdown(results)
+    print(table)
+    if args.md:
+        args.md.write_text(table)
+    return 0
+
+
+def markdown(results: list[dict]) -> str:
+    labels: list[str] = []
+    for r in results:
+        labels += [k for k in r["engines"] if k not in labels]
+    lines = ["| model | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for r in results:
+        cells = []
+        for k in labels:
+            v = r["engines"].get(k)
+            cells.append(f"{v['median_ms']:.2f} ms" if isinstance(v, dict) else (v or "–"))
+        lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
