@@ -1,7 +1,7 @@
 """Model benchmarks: ember (wgpu, cpu) side by side with ONNX Runtime and PyTorch, in one process.
 
     python bench/bench_models.py [--models resnet18_b1,...] [--repeat 30] [--json out.json] [--md out.md]
-                                 [--peers]   # also ONNX Runtime's WebGPU provider (from ../shared/tools/gpu-prep --peers)
+        [--peers]   # also ONNX Runtime's WebGPU provider (installed by ../shared/tools/gpu-prep --peers)
 
 Each engine: warm-up, then the median (and p10/p90) of `repeat` timed runs, host arrays in and out (PyTorch
 CUDA times include the copies to and from the GPU, as ember's do). Speed numbers are ratios taken in one
@@ -194,7 +194,8 @@ for _ in range(3): s.run(None, feeds)
 ts = []
 for _ in range(repeat):
     t = time.perf_counter(); s.run(None, feeds); ts.append((time.perf_counter() - t) * 1e3)
-ts.sort(); print(json.dumps({"median_ms": statistics.median(ts), "p10_ms": ts[len(ts)//10], "p90_ms": ts[9*len(ts)//10]}))
+ts.sort()
+print(json.dumps({"median_ms": statistics.median(ts), "p10_ms": ts[len(ts)//10], "p90_ms": ts[9*len(ts)//10]}))
 """
 
 
@@ -263,7 +264,7 @@ def main() -> int:
             row["engines"][label] = t
             print(f"  {label:28} {t['median_ms']:9.3f} ms  (p10 {t['p10_ms']:.3f}, p90 {t['p90_ms']:.3f})", flush=True)
             row["engines"][label]["_out"] = out0
-        for label, t in row["engines"].items():
+        for t in row["engines"].values():
             out0 = t.pop("_out")
             if ref is not None and out0.shape == ref.shape:
                 t["max_rel_err_vs_ort"] = float(np.abs(out0 - ref).max() / (np.abs(ref).max() + 1e-30))
