@@ -16,6 +16,7 @@ from .ir import Graph
 from .onnx.importer import load
 from .onnx.optimize import optimize
 from .ops import UnsupportedError, lookup
+from .ops.transformer import PATTERNS
 from .plan import Plan, build_plan
 from .plan.planner import host_value_inputs
 
@@ -78,7 +79,7 @@ class Model:
         self._lock = threading.Lock()
         self.inputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.inputs]
         self.outputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.outputs]
-        self._stats: dict[str, int] = {}
+        self._stats = {f"{p}.{arm}": 0 for p in PATTERNS for arm in ("fused", "fallback")}
         self.rewrites: dict[str, int] = {}
         self._host_inputs = host_value_inputs(graph)
         for vi in graph.inputs:
@@ -163,7 +164,8 @@ class Model:
             plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
             result = plan.run(arrays, output_names, keep_on_device)
             for k, v in plan.stats.items():
-                self._stats[k] = self._stats.get(k, 0) + v
+                if k.endswith((".fused", ".fallback")) and k.split(".")[0] in PATTERNS:
+                    self._stats[k] += v
         names = output_names if output_names is not None else [o.name for o in self.outputs]
         return {n: result[n] for n in names}
 
@@ -199,7 +201,8 @@ class Model:
                 "intermediate_bytes_without_reuse": plan.intermediate_bytes_without_reuse, **plan.stats}
 
     def stats(self) -> dict[str, int]:
-        """Per-model counters: which arm ran for each fused pattern, summed over runs."""
+        """Which arm ran for each fused pattern ("<pattern>.fused" / "<pattern>.fallback" for rmsnorm,
+        layernorm, softmax, gelu, attention): +1 per occurrence per run. Per model, safe under threads."""
         with self._lock:
             return dict(self._stats)
 

@@ -111,6 +111,36 @@ class View:
                 raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
         return View(self.handle, self.dtype, shape, tuple(strides), self.offset)
 
+    def merged(self, shape: Sequence[int]) -> View | None:
+        """The same elements as `shape`, where each new dim merges consecutive old dims, without a copy;
+        None if the strides do not allow it (then the caller copies)."""
+        shape = tuple(shape)
+        if math.prod(shape) != self.size:
+            return None
+        dims = [(d, s) for d, s in zip(self.shape, self.strides, strict=True)]
+        strides, i = [], 0
+        for want in shape:
+            if want == 1:
+                strides.append(0)
+                continue
+            group, prod = [], 1
+            while prod < want:
+                if i >= len(dims):
+                    return None
+                group.append(dims[i])
+                prod *= dims[i][0]
+                i += 1
+            if prod != want:
+                return None
+            real = [(d, s) for d, s in group if d != 1]
+            for (_d0, s0), (d1, s1) in zip(real, real[1:], strict=False):
+                if s0 != s1 * d1:
+                    return None
+            strides.append(real[-1][1] if real else 0)
+        if any(d != 1 for d, _ in dims[i:]):
+            return None
+        return View(self.handle, self.dtype, shape, tuple(strides), self.offset)
+
     def permute(self, perm: Sequence[int]) -> View:
         return View(self.handle, self.dtype, tuple(self.shape[p] for p in perm),
                     tuple(self.strides[p] for p in perm), self.offset)

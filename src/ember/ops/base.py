@@ -28,10 +28,11 @@ class Lazy:
 
     expr: Expr
     inputs: list[T]
-    anchor: Callable[[View, Expr | None], list] | None = None
+    anchor: Callable[..., list] | None = None  # (out, act, bias View | None) -> steps
     nodes: int = 1  # graph nodes this value stands for (for the fusion counters)
     origin: str = ""  # the node that created it (profile labels)
     deps: list[View] = field(default_factory=list)  # buffers the anchor kernel will read
+    takes_bias: bool = False  # the anchor can add one more tensor (MatMul: alpha*acc + bias; a residual too)
 
 
 @dataclass(eq=False)
@@ -141,7 +142,8 @@ class Context:
         out = self.alloc(t.dtype, t.shape)
         if lz.anchor is not None:
             identity = lz.expr.op == "in"
-            self.record(lz.anchor(out, None if identity else lz.expr), lz.origin)
+            bias = self.view(lz.inputs[0]).broadcast_to(t.shape) if lz.inputs else None
+            self.record(lz.anchor(out, None if identity else lz.expr, bias), lz.origin)
             if not identity:
                 self.count("epilogue.fused", lz.nodes - 1)
         else:

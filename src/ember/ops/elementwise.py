@@ -67,12 +67,21 @@ def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype)
             unique.append(t)
         remap[j] = inp(k, kind_of(t.dtype))
     fused = substitute(fused, remap)
+    if fused.op == "add" and len(unique) == 2 and all(a.op == "in" for a in fused.args):
+        for ai in (0, 1):
+            a, b = unique[fused.args[ai].value], unique[fused.args[1 - ai].value]
+            lz = a.lazy
+            if (lz is not None and lz.takes_bias and not lz.inputs and lz.expr.op == "in" and a.uses == 1
+                    and a.shape == shape and a.dtype == b.dtype == out_dtype):
+                # MatMul + bias (or + residual): the matmul adds it in its epilogue.
+                return T(out_dtype, shape, lazy=Lazy(inp(0), [b], lz.anchor, lz.nodes + nodes, lz.origin, lz.deps))
     if (len(unique) == 1 and unique[0].lazy is not None and unique[0].lazy.anchor is not None
             and unique[0].uses == 1 and unique[0].shape == shape and fused.kind == FLOAT
             and unique[0].dtype == out_dtype):
         base = unique[0].lazy
         epilogue = substitute(fused, {0: base.expr})
-        return T(out_dtype, shape, lazy=Lazy(epilogue, [], base.anchor, base.nodes + nodes, base.origin, base.deps))
+        return T(out_dtype, shape, lazy=Lazy(epilogue, base.inputs, base.anchor, base.nodes + nodes, base.origin,
+                                             base.deps))
     if not unique:
         out = ctx.new(out_dtype, shape)
         if out.size:
@@ -81,12 +90,13 @@ def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype)
     return T(out_dtype, shape, lazy=Lazy(fused, unique, nodes=nodes, origin=ctx.node))
 
 
-def anchored(ctx: Context, dtype: np.dtype, shape: tuple[int, ...], record: Callable[[View, Expr | None], list],
-             deps: list[View | None]) -> T:
-    """A Conv/MatMul result, computed when first read, so a following activation can join its epilogue.
-    `deps` are the views the kernel reads (kept alive until it is recorded)."""
+def anchored(ctx: Context, dtype: np.dtype, shape: tuple[int, ...], record: Callable[..., list],
+             deps: list[View | None], takes_bias: bool = False) -> T:
+    """A Conv/MatMul result, computed when first read, so a following bias add and activation join its
+    epilogue. `record(out, act, bias)` records the kernel; `deps` are the views it reads (kept alive)."""
     deps = [d for d in deps if d is not None]
-    t = T(np.dtype(dtype), tuple(shape), lazy=Lazy(inp(0), [], record, origin=ctx.node, deps=deps))
+    t = T(np.dtype(dtype), tuple(shape), lazy=Lazy(inp(0), [], record, origin=ctx.node, deps=deps,
+                                                   takes_bias=takes_bias))
     if not ctx.fuse:
         ctx.view(t)
     return t
@@ -152,15 +162,6 @@ unary("Silu", 1, lambda x: call("mul", x, call("sigmoid", x)), domain="ai.ember"
 unary("Mish", 18, lambda x: call("mul", x, call("tanh", call("softplus", x))))
 unary("Shrink", 9, lambda x, bias, lambd: call("where", call("lt", x, _f(-lambd)), call("add", x, _f(bias)), call(
     "where", call("gt", x, _f(lambd)), call("sub", x, _f(bias)), _f(0.0))), {"bias": 0.0, "lambd": 0.5})
-
-
-@register("Gelu", 20)
-class Gelu(Op):
-    attrs = {"approximate": "none"}
-
-    def run(self, ctx: Context, x: T) -> list[T]:
-        fn = "gelu_tanh" if self.a["approximate"] == "tanh" else "gelu"
-        return [emit(ctx, self, call(fn, inp(0)), [x], x.dtype)]
 
 
 @register("IsNaN", 9)

@@ -64,10 +64,17 @@ class MatMul(Op):
         else:
             o3 = (bsz, m, n), (m * n, n, 1)
 
-        def record(out: View, act: Expr | None, a3: View = a3, b3: View = b3, o3: tuple = o3) -> list:
-            return ctx.backend.record_matmul(a3, b3, View(out.handle, out.dtype, o3[0], o3[1], out.offset), act=act)
+        def record(out: View, act: Expr | None, bias: View | None = None, a3: View = a3, b3: View = b3,
+                   o3: tuple = o3) -> list:
+            b3v = None
+            if bias is not None:
+                b3v = bias.merged(o3[0])
+                if b3v is None:  # a bias whose strides do not fold into the matmul's 3-D layout: copy it
+                    b3v = ctx.contiguous(T(bias.dtype, bias.shape, view=bias)).merged(o3[0])
+            return ctx.backend.record_matmul(a3, b3, View(out.handle, out.dtype, o3[0], o3[1], out.offset), act=act,
+                                             bias=b3v)
 
-        return [anchored(ctx, a.dtype, shape, record, [a3, b3])]
+        return [anchored(ctx, a.dtype, shape, record, [a3, b3], takes_bias=True)]
 
 
 @register("Gemm", 1)
@@ -98,7 +105,7 @@ class Gemm(Op):
         a3 = View(av.handle, av.dtype, (1, m, k), (0,) + av.strides, av.offset)
         b3 = View(bv.handle, bv.dtype, (1, k, n), (0,) + bv.strides, bv.offset)
 
-        def record(out: View, act: Expr | None) -> list:
+        def record(out: View, act: Expr | None, _bias: View | None = None) -> list:
             return ctx.backend.record_matmul(a3, b3, View(out.handle, out.dtype, (1, m, n), (0, n, 1), out.offset),
                                              alpha=self.a["alpha"], bias=bias, beta=self.a["beta"], act=act)
 

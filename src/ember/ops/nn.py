@@ -11,7 +11,7 @@ from ..backends.expr import FLOAT, Expr, call, const, inp
 from .base import Context, Op, T, register
 from .elementwise import anchored, emit
 from .reduce import reduce_axes
-from .shape import norm_axis, reshape_view
+from .shape import reshape_view
 
 
 def spatial_pads(op: Op, in_sizes: tuple[int, ...], kernel: tuple[int, ...], strides: tuple[int, ...],
@@ -67,7 +67,7 @@ class Conv(Op):
         bias = ctx.contiguous(b) if b is not None else None
         out4 = out_shape if r == 2 else out_shape[:2] + (1,) + out_shape[2:]
 
-        def record(out: View, act: Expr | None) -> list:
+        def record(out: View, act: Expr | None, _bias: View | None = None) -> list:
             o4 = View.contiguous(out.handle, out.dtype, out4, out.offset)
             return ctx.backend.record_conv(xv, wv, bias, o4, strides, (pads[0], pads[1], pads[2], pads[3]), dil, g,
                                            act)
@@ -174,50 +174,6 @@ def normalize(ctx: Context, op: Op, x: T, axes: list[int], eps: float, stats: bo
                                                                     const(eps)))), [var], x.dtype)
     y = emit(ctx, op, call("mul", inp(0), inp(1)), [d, inv], x.dtype)
     return (y, mean, inv) if stats else y
-
-
-@register("LayerNormalization", 17)
-class LayerNormalization(Op):
-    attrs = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
-
-    def run(self, ctx: Context, x: T, scale: T, bias: T | None = None) -> list[T]:
-        axis = norm_axis(self, self.a["axis"], x.rank)
-        axes = list(range(axis, x.rank))
-        y, mean, inv = normalize(ctx, self, x, axes, self.a["epsilon"], stats=True)
-        ins = [y, scale] + ([bias] if bias is not None else [])
-        e = call("mul", inp(0), inp(1))
-        if bias is not None:
-            e = call("add", e, inp(2))
-        return [emit(ctx, self, e, ins, x.dtype), mean, inv]
-
-
-class SoftmaxBase(Op):
-    attrs = {"axis": None}
-    log = False
-
-    def run(self, ctx: Context, x: T) -> list[T]:
-        legacy = self.node.opset < 13
-        axis = self.a["axis"]
-        axis = norm_axis(self, (1 if legacy else -1) if axis is None else axis, x.rank)
-        # Before opset 13 the input is coerced to 2-D at `axis`; from 13 the reduction is over `axis` alone.
-        if legacy:
-            shape3 = (math.prod(x.shape[:axis]), math.prod(x.shape[axis:]), 1)
-        else:
-            shape3 = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
-        x3 = reshape_view(ctx, x, shape3)
-        keep = (shape3[0], 1, shape3[2])
-        m = reshape_view(ctx, reduce_axes(ctx, "max", x3, [1]), keep)
-        e = emit(ctx, self, call("exp", call("sub", inp(0), inp(1))), [x3, m], x.dtype)
-        s = reshape_view(ctx, reduce_axes(ctx, "sum", e, [1]), keep)
-        if self.log:
-            y = emit(ctx, self, call("sub", call("sub", inp(0), inp(1)), call("log", inp(2))), [x3, m, s], x.dtype)
-        else:
-            y = emit(ctx, self, call("div", inp(0), inp(1)), [e, s], x.dtype)
-        return [reshape_view(ctx, y, x.shape)]
-
-
-register("Softmax", 1)(type("Softmax", (SoftmaxBase,), {}))
-register("LogSoftmax", 1)(type("LogSoftmax", (SoftmaxBase,), {"log": True}))
 
 
 @register("LRN", 1)
