@@ -131,7 +131,7 @@ def host_value_inputs(graph: Graph) -> set[str]:
 def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[int, ...]],
                host_values: dict[str, np.ndarray] | None = None, fuse: bool = True) -> Plan:
     ctx = Context(backend)
-    ctx.fuse = ctx.reuse = fuse
+    ctx.fuse = fuse
     env: dict[str, T] = {name: T(arr.dtype, arr.shape, value=arr) for name, arr in graph.initializers.items()}
     inputs = []
     host_values = host_values or {}
