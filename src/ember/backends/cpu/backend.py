@@ -125,29 +125,62 @@ class CpuBackend(ComputeBackend):
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
                     act: Expr | None = None) -> list[Step]:
         xv, wv, dst = self.array(x), self.array(w), self.array(out)
-        bv = self.array(bias) if bias is not None else None
+        bv = self.array(bias).reshape(1, -1, 1, 1) if bias is not None else None
         n, c, h, wd = x.shape
         k, cg, r, s = w.shape
         _, _, p, q = out.shape
         (sh, sw), (pt, pl, pb, pr), (dh, dw) = stride, pads, dilation
         kg = k // groups
-        padded = np.zeros((n, c, h + pt + pb, wd + pl + pr), xv.dtype)
-        interior = padded[:, :, pt:pt + h, pl:pl + wd]
-        # im2col as a strided view of the padded input: (n, g, cg, r, s, p, q) -> one matmul per group.
+        if any(pads):
+            padded = np.zeros((n, c, h + pt + pb, wd + pl + pr), xv.dtype)
+            interior = padded[:, :, pt:pt + h, pl:pl + wd]
+        else:
+            padded, interior = np.ascontiguousarray(xv), None
         ps = padded.strides
-        cols = as_strided(padded, (n, groups, cg, r, s, p, q),
-                          (ps[0], ps[1] * cg, ps[1], ps[2] * dh, ps[3] * dw, ps[2] * sh, ps[3] * sw))
-        wmat = wv.reshape(groups, kg, cg * r * s)
+        flat = dst.reshape(n, k, p * q)
+
+        def window(i: int, j: int) -> np.ndarray:
+            return padded[:, :, i * dh: i * dh + sh * (p - 1) + 1: sh, j * dw: j * dw + sw * (q - 1) + 1: sw]
+
+        if groups == c and cg == 1 and k == c:
+            # Depthwise: r*s shifted multiply-adds beat C tiny matmuls.
+            taps = [(i, j, np.ascontiguousarray(wv[:, 0, i, j]).reshape(1, c, 1, 1))
+                    for i in range(r) for j in range(s)]
+
+            def compute() -> None:
+                i0, j0, w0 = taps[0]
+                np.multiply(window(i0, j0), w0, out=dst)
+                for i, j, wt in taps[1:]:
+                    dst[...] += window(i, j) * wt
+        elif groups == 1 and r == s == 1 and sh == sw == 1 and not any(pads):
+            wmat = wv.reshape(k, c)
+
+            def compute() -> None:
+                np.matmul(wmat, padded.reshape(n, c, h * wd), out=flat)
+        else:
+            # im2col into a buffer allocated once, then one BLAS product per group (written in place).
+            cols = as_strided(padded, (n, groups, cg, r, s, p, q),
+                              (ps[0], ps[1] * cg, ps[1], ps[2] * dh, ps[3] * dw, ps[2] * sh, ps[3] * sw))
+            colbuf = np.empty((n, groups, cg * r * s, p * q), xv.dtype)
+            colview = colbuf.reshape(n, groups, cg, r, s, p, q)
+            wmat = wv.reshape(groups, kg, cg * r * s)
+            out_g = dst.reshape(n, groups, kg, p * q)
+
+            def compute() -> None:
+                np.copyto(colview, cols)
+                if groups == 1:
+                    np.matmul(wmat[0], colbuf[:, 0], out=flat)
+                else:
+                    np.matmul(wmat[None], colbuf, out=out_g)
 
         def step() -> None:
-            interior[...] = xv
-            col = cols.reshape(n, groups, cg * r * s, p * q)
-            res = np.matmul(wmat[None], col).reshape(n, k, p, q)
+            if interior is not None:
+                interior[...] = xv
+            compute()
             if bv is not None:
-                res += bv.reshape(1, k, 1, 1)
+                dst[...] += bv
             if act is not None:
-                res = eval_numpy(act, [res], res.dtype)
-            dst[...] = res
+                dst[...] = eval_numpy(act, [dst], dst.dtype)
 
         return [step]
 
@@ -176,8 +209,11 @@ class CpuBackend(ComputeBackend):
         fill = -np.inf if kind == "max" else 0
         padded = np.full((n, c, h + pt + eh, w + pl + ew), fill, xv.dtype)
         interior = padded[:, :, pt:pt + h, pl:pl + w]
-        ps = padded.strides
-        win = as_strided(padded, (n, c, oh, ow, kh, kw), (*ps[:2], ps[2] * sh, ps[3] * sw, ps[2] * dh, ps[3] * dw))
+        taps = [(i * dh, j * dw) for i in range(kh) for j in range(kw)]
+
+        def window(src: np.ndarray, i: int, j: int) -> np.ndarray:
+            return src[..., i: i + sh * (oh - 1) + 1: sh, j: j + sw * (ow - 1) + 1: sw]
+
         count = None
         if kind == "avg":
             mask = np.zeros((1, 1, h + pt + eh, w + pl + ew), xv.dtype)
@@ -186,18 +222,24 @@ class CpuBackend(ComputeBackend):
                 mask[:, :, : h + pt + pb, : w + pl + pr] = 1
             else:
                 mask[:, :, pt:pt + h, pl:pl + w] = 1
-            ms = mask.strides
-            mwin = as_strided(mask, (1, 1, oh, ow, kh, kw), (*ms[:2], ms[2] * sh, ms[3] * sw, ms[2] * dh, ms[3] * dw))
-            count = mwin.sum(axis=(4, 5))
+            count = sum(window(mask, i, j) for i, j in taps)
 
         def step() -> None:
+            # One vectorised operation per window offset (kh*kw of them), not a 6-D strided reduction.
             interior[...] = xv
             if kind == "max":
-                dst[...] = win.max(axis=(4, 5))
+                with np.errstate(invalid="ignore"):
+                    np.copyto(dst, window(padded, *taps[0]))
+                    for i, j in taps[1:]:
+                        np.maximum(dst, window(padded, i, j), out=dst)  # propagates NaN, as MaxPool must
             elif kind == "avg":
-                dst[...] = win.sum(axis=(4, 5)) / count
+                np.copyto(dst, window(padded, *taps[0]))
+                for i, j in taps[1:]:
+                    dst[...] += window(padded, i, j)
+                dst[...] /= count
             else:
-                dst[...] = np.power(np.sum(np.power(np.abs(win), p), axis=(4, 5)), 1.0 / p)
+                acc = sum(np.power(np.abs(window(padded, i, j)), p) for i, j in taps)
+                dst[...] = np.power(acc, 1.0 / p)
 
         return [step]
 
@@ -230,6 +272,58 @@ class CpuBackend(ComputeBackend):
             ov[...] = attention_numpy(qv, kv, vv, np.float32(scale), mask)
 
         return [step]
+
+    def record_norm(self, kind: str, x: View, scale: View | None, bias: View | None, out: View, n: int,
+                    eps: float) -> list[Step]:
+        if kind not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"kind: unknown norm {kind!r}; valid: layernorm, rmsnorm")
+        _check_rows(x, out, n)
+        xv, dst = self.array(x).reshape(-1, n), self.array(out).reshape(-1, n)
+        # scale and bias may be any strided View of n elements: reshape them at run time (a reshape that has to
+        # copy must not freeze their contents at record time).
+        sv = self.array(scale) if scale is not None else None
+        bv = self.array(bias) if bias is not None else None
+
+        def step() -> None:
+            # Statistics in float64, two-pass: exact enough for a large common offset (1e4 + noise), where
+            # float32's E[x²] - E[x]² (or even a float32 mean) loses the deviations.
+            with np.errstate(all="ignore"):
+                v = xv.astype(np.float64)
+                if kind == "layernorm":
+                    v = v - v.mean(axis=1, keepdims=True)
+                v *= 1.0 / np.sqrt(np.mean(v * v, axis=1, keepdims=True) + eps)
+                if sv is not None:
+                    v *= sv.reshape(n)
+                if bv is not None:
+                    v += bv.reshape(n)
+                dst[...] = v
+
+        return [step]
+
+    def record_softmax(self, x: View, out: View, n: int, log: bool) -> list[Step]:
+        _check_rows(x, out, n)
+        xv, dst = self.array(x).reshape(-1, n), self.array(out).reshape(-1, n)
+        ct = np.promote_types(xv.dtype, np.float32)
+
+        def step() -> None:
+            # ONNX's formula: exp(x - max) / sum. A row of all -inf gives -inf - -inf = NaN everywhere, as
+            # onnx.reference and ONNX Runtime do; so does a row holding NaN or +inf.
+            with np.errstate(all="ignore"):
+                v = xv.astype(ct, copy=True)
+                v -= v.max(axis=1, keepdims=True)
+                e = np.exp(v)
+                s = e.sum(axis=1, keepdims=True)
+                dst[...] = v - np.log(s) if log else e / s
+
+        return [step]
+
+
+def _check_rows(x: View, out: View, n: int) -> None:
+    """x and out: contiguous, the same number of elements, whole rows of n (reshapes must stay views)."""
+    if not (x.is_contiguous() and out.is_contiguous()):
+        raise ValueError("x and out must be contiguous views")
+    if n < 1 or x.size != out.size or x.size % n:
+        raise ValueError(f"x ({x.size} elements) and out ({out.size}) must be whole rows of n={n}")
 
 
 def attention_numpy(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: Any, mask: np.ndarray | None) -> np.ndarray:
