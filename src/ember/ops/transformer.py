@@ -122,8 +122,8 @@ register("Gelu", 1, EMBER)(type("GeluEmber", (Gelu,), {}))
 def softmax(ctx: Context, op: Op, x: T, axis: int, log: bool, legacy: bool = False) -> T:
     """(Log)Softmax over `axis` (legacy: over all dims from `axis`, as opset < 13 coerces to 2-D)."""
     if legacy:
-        x = reshape_view(ctx, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
-        return reshape_view(ctx, softmax(ctx, op, x, 1, log), x.shape)
+        x2 = reshape_view(ctx, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
+        return reshape_view(ctx, softmax(ctx, op, x2, 1, log), x.shape)
     if hasattr(ctx.backend, "record_softmax") and x.dtype == np.float32 and x.size:
         ctx.count("softmax.fused")
         perm = [i for i in range(x.rank) if i != axis] + [axis]
