@@ -100,7 +100,8 @@ class CpuBackend(ComputeBackend):
     def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
                       beta: float = 1.0, act: Expr | None = None) -> list[Step]:
         av, bv, dst = self.array(a), self.array(b), self.array(out)
-        cv = self.array(bias) if bias is not None else None
+        # beta = 0 ignores the bias entirely, NaN included (BLAS semantics, as the wgpu kernels do).
+        cv = self.array(bias.broadcast_to(out.shape)) if bias is not None and beta != 0.0 else None
         if a.shape[0] == 1:
             # numpy hands 2-D products to BLAS; a stride-0 batch dim of 1 would send it to a slow loop.
             av, bv, dst = av[0], bv[0], dst[0]

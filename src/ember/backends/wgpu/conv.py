@@ -15,20 +15,19 @@ from dataclasses import dataclass
 
 from ..base import View
 from ..expr import Expr
+from . import matmul as mm
 from .backend import WgpuBackend, grid_1d
 from .elementwise import PRELUDE
 from .matmul import (
     F32,
     Bindings,
     Epilogue,
-    GemmProblem,
     Loader,
     Tile,
     addr,
     check_no_overlap,
     check_view,
     log2,
-    pick_tile,
     record_matmul,
     require_f32,
     strided_loader,
@@ -72,6 +71,9 @@ class Im2colLoader(Loader):
     cs: ConvShape
     x: View
     binds: Bindings
+
+    def describe(self) -> str:
+        return "B: gathered from the input (implicit im2col), scalar loads of 4 consecutive output pixels"
 
     def _slot(self, tile: Tile, q: int) -> tuple[str, str, str]:
         bx4 = self.tile_x // 4
@@ -214,20 +216,25 @@ def _conv_epilogue(cs: ConvShape, out: View, bias: View | None, act: Expr | None
 def _record_implicit_gemm(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: View | None, out: View,
                           act: Expr | None) -> list:
     m, ncols, kk = cs.kg, cs.n * cs.p * cs.q, cs.cg * cs.r * cs.s
-    tile = pick_tile(be, m, ncols, cs.groups)
-    binds = Bindings(out.handle)
-    la = strided_loader("a", tile.bm, binds, w.handle, w.offset, cs.kg * kk, kk, 1, m, kk, cs.groups)
-    binds.add(x.handle, False)
-    lb = Im2colLoader("b", tile.bn, cs, x, binds)
-    if bias is not None:
-        binds.add(bias.handle, False)
-    conds = ([f"m >= {u(m)}"] if m % tile.bm else []) + ([f"n >= {u(ncols)}"] if ncols % tile.bn else [])
-    ep = _conv_epilogue(cs, out, bias, act, binds, " || ".join(conds) or None)
-    prob = GemmProblem("conv_igemm", tile, m, ncols, kk, cs.groups, la, lb, ep, binds, notes=[
-        f"implicit GEMM conv: x {(cs.n, cs.c, cs.h, cs.w)}, w {(cs.k, cs.cg, cs.r, cs.s)}, groups {cs.groups}, "
-        f"stride {(cs.sh, cs.sw)}, pads top/left {(cs.pt, cs.pl)}, dilation {(cs.dh, cs.dw)} -> P x Q {cs.p}x{cs.q}",
-        "Z = group; M = output channels per group; N = batch*P*Q; K = Cg*R*S"])
-    return prob.record(be)
+
+    def make_a(binds: Bindings, tile: Tile) -> Loader:
+        return strided_loader("a", tile.bm, binds, w.handle, w.offset, cs.kg * kk, kk, 1, m, kk, cs.groups)
+
+    def make_b(binds: Bindings, tile: Tile) -> Loader:
+        binds.add(x.handle, False)
+        return Im2colLoader("b", tile.bn, cs, x, binds)
+
+    def make_epilogue(binds: Bindings, guard_m: bool, guard_n: bool) -> Epilogue:
+        if bias is not None:
+            binds.add(bias.handle, False)
+        conds = ([f"m >= {u(m)}"] if guard_m else []) + ([f"n >= {u(ncols)}"] if guard_n else [])
+        return _conv_epilogue(cs, out, bias, act, binds, " || ".join(conds) or None)
+
+    notes = [f"implicit GEMM conv: x {(cs.n, cs.c, cs.h, cs.w)}, w {(cs.k, cs.cg, cs.r, cs.s)}, groups {cs.groups}, "
+             f"stride {(cs.sh, cs.sw)}, pads top/left {(cs.pt, cs.pl)}, dilation {(cs.dh, cs.dw)} -> P x Q "
+             f"{cs.p}x{cs.q}", "Z = group; M = output channels per group; N = batch*P*Q; K = Cg*R*S"]
+    return mm.record_gemm_kernel(be, "conv_igemm", m, ncols, kk, cs.groups, out.handle, make_a, make_b,
+                                 make_epilogue, notes)
 
 
 def _record_depthwise(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: View | None, out: View,

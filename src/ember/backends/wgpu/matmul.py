@@ -1,13 +1,15 @@
 """Matrix products on the wgpu backend: out = act(alpha * a @ b + beta * bias), batched, strided.
 
 Two kernels:
-- a *generated* register-blocked kernel (`TiledGemm`): a BM x BN output tile per workgroup, TM x TN outputs per
+- a *generated* register-blocked kernel (`GemmProblem`): a BM x BN output tile per workgroup, TM x TN outputs per
   thread in named vec4 accumulators, A stored transposed in workgroup memory so both operands are read as
   vec4, two workgroup-memory stages plus a register prefetch (one barrier per K tile). Operands are loaded in
   "quads" of four consecutive elements along their unit-stride dimension (vec4 loads when aligned, four
   scalar loads otherwise). Shapes and strides are baked in as constants, and every guard the shape needs (edge
   tiles, partial vec4s) is emitted, so every index is in range: the module can be trusted. conv.py reuses the
-  generator with an implicit-im2col loader.
+  generator with an implicit-im2col loader. `plan_gemm` picks the tile (128x128, 64x64 or 32x32) and, when the
+  output has too few tiles to fill the GPU, splits K: partial sums into a buffer of the kernel's own, then
+  kernels/splitk_reduce.wgsl adds them and applies the epilogue.
 - a simple 16 x 16 tiled kernel over arbitrary (even negative) strides, kernels/matmul_strided.wgsl, for
   operands with no unit-stride inner dimension.
 
@@ -19,9 +21,12 @@ and writable in one dispatch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import wgpu
 
 from ..base import View
 from ..expr import FLOAT, Expr
@@ -104,7 +109,7 @@ def act_lines(act: Expr | None, value: str) -> tuple[list[str], str]:
 
 @dataclass
 class Binding:
-    handle: int
+    handle: Any  # an allocation handle, or a GPUBuffer of the kernel's own (split-K partial sums)
     var: str
     vec4: bool = False  # declared as array<vec4<f32>>
 
@@ -112,7 +117,7 @@ class Binding:
 class Bindings:
     """One binding per distinct buffer; operands in the output's buffer read through `out` (read_write)."""
 
-    def __init__(self, out_handle: int) -> None:
+    def __init__(self, out_handle: Any) -> None:
         self.out_handle = out_handle
         self.reads: dict[int, Binding] = {}
 
@@ -144,12 +149,15 @@ class Bindings:
         return lines
 
     def comment(self) -> list[str]:
-        lines = [f"//   binding {i}: {b.var}, buffer {b.handle}, read-only, array<{'vec4<f32>' if b.vec4 else 'f32'}>"
+        def name(h: Any) -> str:
+            return f"allocation {h}" if isinstance(h, int) else "split-K partial sums"
+
+        lines = [f"//   binding {i}: {b.var}, {name(b.handle)}, read-only, array<{'vec4<f32>' if b.vec4 else 'f32'}>"
                  for i, b in enumerate(self.reads.values())]
-        lines.append(f"//   binding {len(self.reads)}: out, buffer {self.out_handle}, read_write, array<f32>")
+        lines.append(f"//   binding {len(self.reads)}: out, {name(self.out_handle)}, read_write, array<f32>")
         return lines
 
-    def buffers(self) -> dict[int, int]:
+    def buffers(self) -> dict[int, Any]:
         d = {i: b.handle for i, b in enumerate(self.reads.values())}
         d[len(self.reads)] = self.out_handle
         return d
@@ -227,17 +235,43 @@ TILES = {
     "medium": Tile(64, 64, 16, 4, 4),   # 256 threads
     "small": Tile(32, 32, 8, 4, 4),     # 64 threads
 }
-# Fewer output tiles than this: the GPU would idle, so a smaller tile is chosen (see pick_tile).
+# Planning (tuned on an H200 through Vulkan with bench/bench_kernels.py's shapes): the 128 x 128 tile where it gives
+# TARGET_WORKGROUPS workgroups and wastes little on edges; else 64 x 64; with fewer 64 x 64 output tiles than that, K
+# is split over more workgroups (partial sums + a reduce kernel applying the epilogue), each split at least
+# MIN_SPLIT_K deep; where K is too short to split and the 64 x 64 tiling leaves the GPU idle, the 32 x 32 tile.
 TARGET_WORKGROUPS = 256
+SMALL_BELOW = 128  # unsplittable: the 32 x 32 tile when the 64 x 64 tiling has fewer workgroups than this
+MIN_SPLIT_K = 128
+MAX_SPLITS = 32
 
 
-def pick_tile(be: WgpuBackend, m: int, n: int, z: int) -> Tile:
+def plan_gemm(be: WgpuBackend, m: int, n: int, k: int, z: int) -> tuple[Tile, int]:
+    """(tile, number of K splits) for Z products of (M x K) @ (K x N)."""
     limit = int(be.limits.get("max-compute-workgroup-storage-size", 16384))
-    fits = [t for t in TILES.values() if t.smem_bytes() <= limit]
-    for t in fits[:-1]:
-        if math.ceil(m / t.bm) * math.ceil(n / t.bn) * z >= TARGET_WORKGROUPS:
-            return t
-    return fits[-1]
+    large, medium, small = (TILES[t] for t in ("large", "medium", "small"))
+
+    def workgroups(t: Tile) -> int:
+        return math.ceil(m / t.bm) * math.ceil(n / t.bn) * z
+
+    def used(t: Tile) -> float:  # the fraction of the tiles' outputs inside the matrix
+        return m * n / (math.ceil(m / t.bm) * t.bm * math.ceil(n / t.bn) * t.bn)
+
+    if large.smem_bytes() <= limit and workgroups(large) >= TARGET_WORKGROUPS and used(large) >= 0.85:
+        return large, 1
+    t = medium if medium.smem_bytes() <= limit else small
+    if workgroups(t) >= TARGET_WORKGROUPS:
+        return t, 1
+    room = be.max_binding // max(1, 4 * z * m * n)
+    splits = min(math.ceil(TARGET_WORKGROUPS / workgroups(t)), k // MIN_SPLIT_K, MAX_SPLITS, room)
+    if splits >= 2:
+        return t, split_count(k, t, splits)
+    return (small if workgroups(t) < SMALL_BELOW else t), 1
+
+
+def split_count(k: int, tile: Tile, splits: int) -> int:
+    """The number of non-empty splits when K's tiles are dealt out evenly over at most `splits`."""
+    nt = math.ceil(k / tile.bk)
+    return math.ceil(nt / math.ceil(nt / splits))
 
 
 class Loader:
@@ -250,6 +284,9 @@ class Loader:
         n = tile.bk * self.tile_x // 4
         assert n % tile.threads == 0, (tile, self.tile_x)
         return n // tile.threads
+
+    def describe(self) -> str:
+        return type(self).__name__
 
     def prologue(self, tile: Tile) -> list[str]:
         raise NotImplementedError
@@ -277,6 +314,11 @@ class StridedLoader(Loader):
     quad: str
     vec4: bool
     binds: Bindings | None = None
+
+    def describe(self) -> str:
+        op = "A" if self.prefix == "a" else "B"
+        return (f"{op}: element (z, x, k) at {self.off} + z*{self.sz} + x*{self.sx} + k*{self.sk}, "
+                f"{'vec4' if self.vec4 else 'scalar'} loads of 4 along {self.quad}")
 
     def _slot(self, tile: Tile, q: int) -> tuple[str, str, str]:
         """Quad slot q of this thread: (x within the tile, k within the tile, smem vec4 offset) of lid."""
@@ -374,7 +416,11 @@ def strided_loader(prefix: str, tile_x: int, binds: Bindings, handle: int, off: 
 
 @dataclass
 class GemmProblem:
-    """One generated tiled kernel: Z independent (M x K) @ (K x N) products (Z = batch or group)."""
+    """One generated tiled kernel: Z independent (M x K) @ (K x N) products (Z = batch or group).
+
+    With splits > 1 the workgroup z index is split * Z + z: split s sums K tiles [s * per, (s + 1) * per) and the
+    epilogue receives that combined index (a partial-sum epilogue; see record_gemm_kernel).
+    """
 
     name: str
     tile: Tile
@@ -387,28 +433,36 @@ class GemmProblem:
     epilogue: Epilogue
     binds: Bindings
     notes: list[str] = field(default_factory=list)
+    splits: int = 1
 
     def grid(self) -> tuple[tuple[int, int, int], bool]:
-        tn, tm = math.ceil(self.n / self.tile.bn), math.ceil(self.m / self.tile.bm)
-        if max(tn, tm, self.z) <= WORKGROUPS_PER_DIM:
-            return (tn, tm, self.z), False
-        return grid_1d(tn * tm * self.z), True
+        tn, tm, zs = math.ceil(self.n / self.tile.bn), math.ceil(self.m / self.tile.bm), self.z * self.splits
+        if max(tn, tm, zs) <= WORKGROUPS_PER_DIM:
+            return (tn, tm, zs), False
+        return grid_1d(tn * tm * zs), True
 
     def source(self) -> str:
         t = self.tile
         (gx, gy, gz), linear = self.grid()
-        tn, tm = math.ceil(self.n / t.bn), math.ceil(self.m / t.bm)
+        tn, tm, zs = math.ceil(self.n / t.bn), math.ceil(self.m / t.bm), self.z * self.splits
         nt = math.ceil(self.k / t.bk)
+        per = math.ceil(nt / self.splits)  # K tiles per split
+        assert math.ceil(nt / per) == self.splits, (nt, per, self.splits)
         sa, sb = t.bk * t.bm // 4, t.bk * t.bn // 4  # vec4s per stage
+        zdesc = "Z" if self.splits == 1 else f"{self.splits} K splits x Z"
         head = [
             f"// ember generated tiled matmul '{self.name}': Z={self.z} x (M={self.m} x K={self.k}) @ (K x N={self.n})",
             f"// tile {t.bm}x{t.bn}, K step {t.bk}, {t.tm}x{t.tn} outputs per thread, {t.threads} threads,",
-            "// two workgroup-memory stages (A stored transposed) + register prefetch.",
+            "// two workgroup-memory stages (A stored transposed) + register prefetch"
+            + ("." if self.splits == 1 else f"; K split {self.splits} ways ({per} K tiles each) into partial sums."),
             "// Bindings (group 0):",
             *self.binds.comment(),
-            f"// Dispatch grid: {(gx, gy, gz)} = " + ("(N tiles, M tiles, Z)" if not linear else
-                                                      f"{tn * tm * self.z} workgroups linearised (z, m tile, n tile)"),
+            f"// Dispatch grid: {(gx, gy, gz)} = " + (
+                f"(N tiles, M tiles, {zdesc})" if not linear
+                else f"{tn * tm * zs} workgroups linearised ({zdesc}, M tile, N tile)"),
             *[f"// {n}" for n in self.notes],
+            f"// {self.a.describe()}",
+            f"// {self.b.describe()}",
         ]
         lines = [
             *head, PRELUDE, *self.binds.declarations(),
@@ -422,13 +476,18 @@ class GemmProblem:
         if linear:
             lines += [
                 "    let wg = wid.y * nwg.x + wid.x;",
-                f"    if (wg >= {u(tn * tm * self.z)}) {{ return; }}",
-                f"    let z = wg / {u(tn * tm)};",
+                f"    if (wg >= {u(tn * tm * zs)}) {{ return; }}",
+                f"    let zs = wg / {u(tn * tm)};",
                 f"    let tile_m = (wg % {u(tn * tm)}) / {u(tn)};",
                 f"    let tile_n = wg % {u(tn)};",
             ]
         else:
-            lines += ["    let tile_n = wid.x;", "    let tile_m = wid.y;", "    let z = wid.z;"]
+            lines += ["    let tile_n = wid.x;", "    let tile_m = wid.y;", "    let zs = wid.z;"]
+        if self.splits == 1:
+            lines += ["    let z = zs;", "    let kt0 = 0u;", f"    let nt = {u(nt)};"]
+        else:
+            lines += [f"    let z = zs % {u(self.z)};", f"    let kt0 = (zs / {u(self.z)}) * {u(per)};",
+                      f"    let nt = min({u(per)}, {u(nt)} - kt0);"]
         lines += [
             f"    let m0 = tile_m * {u(t.bm)};",
             f"    let n0 = tile_n * {u(t.bn)};",
@@ -446,16 +505,16 @@ class GemmProblem:
                 lines.append(f"    var ar{q}: vec4<f32>;")
             for q in range(self.b.quads(t)):
                 lines.append(f"    var br{q}: vec4<f32>;")
-            lines += ["    {", *self.a.load(t, "0u"), *self.b.load(t, "0u"),
+            lines += ["    {", f"        let k0 = kt0 * {u(t.bk)};", *self.a.load(t, "k0"), *self.b.load(t, "k0"),
                       *self.a.store(t, "As", "0u"), *self.b.store(t, "Bs", "0u"), "    }",
                       "    workgroupBarrier();",
-                      f"    for (var t = 0u; t < {u(nt)}; t++) {{",
+                      "    for (var t = 0u; t < nt; t++) {",
                       f"        let sa = (t & 1u) * {u(sa)} + ty;",
                       f"        let sb = (t & 1u) * {u(sb)} + tx;"]
-            if nt > 1:
-                lines += [f"        let more = t + 1u < {u(nt)};",
+            if per > 1:
+                lines += ["        let more = t + 1u < nt;",
                           "        if (more) {",
-                          f"        let k0 = (t + 1u) * {u(t.bk)};",
+                          f"        let k0 = (kt0 + t + 1u) * {u(t.bk)};",
                           *self.a.load(t, "k0"), *self.b.load(t, "k0"),
                           "        }"]
             for kk in range(t.bk):
@@ -468,9 +527,9 @@ class GemmProblem:
                     for h in range(cols):
                         lines.append(f"        c{r}_{h} += a{r // 4}.{'xyzw'[r % 4]} * b{h};")
                 lines.append("        }")
-            if nt > 1:
+            if per > 1:
                 lines += ["        if (more) {",
-                          "        let ns = ((t + 1u) & 1u);",
+                          "        let ns = (t + 1u) & 1u;",
                           *self.a.store(t, "As", f"ns * {u(sa)}"), *self.b.store(t, "Bs", f"ns * {u(sb)}"),
                           "        }"]
             lines += ["        workgroupBarrier();", "    }"]
@@ -478,19 +537,63 @@ class GemmProblem:
             lines.append(f"    let row{r} = m0 + {u((r // 4) * 4 * t.ty + r % 4)} + ty * 4u;")
         for h in range(cols):
             lines.append(f"    let col{h} = n0 + {u(h * 4 * t.tx)} + tx * 4u;")
+        ez = "z" if self.splits == 1 else "zs"
         for r in range(rows):
             for h in range(cols):
                 for j, c in enumerate("xyzw"):
                     col = f"col{h}" if j == 0 else f"col{h} + {u(j)}"
-                    lines.append(f"    epi(c{r}_{h}.{c}, z, row{r}, {col});")
+                    lines.append(f"    epi(c{r}_{h}.{c}, {ez}, row{r}, {col});")
         lines.append("}")
         return "\n".join(lines) + "\n"
 
     def record(self, be: WgpuBackend) -> list:
         (gx, gy, gz), _ = self.grid()
         src = self.source()
-        label = f"{self.name}:{self.tile}"
+        label = f"{self.name}:{self.tile}" + (f":split{self.splits}" if self.splits > 1 else "")
         return [be.dispatch(be.pipeline(label, src), self.binds.buffers(), (gx, gy, gz), label)]
+
+
+REDUCE_WORKGROUP = 256
+# A function building one operand's loader for a tile, given the bindings it registers its buffer with.
+LoaderFactory = Callable[[Bindings, Tile], Loader]
+# A function building the epilogue given the bindings and whether M / N need edge guards.
+EpilogueFactory = Callable[[Bindings, bool, bool], Epilogue]
+
+
+def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handle: int,
+                       make_a: LoaderFactory, make_b: LoaderFactory, make_epilogue: EpilogueFactory,
+                       notes: list[str]) -> list:
+    """Plan (tile, K splits) and record the tiled kernel, plus the split-K reduce kernel when K is split."""
+    tile, splits = plan_gemm(be, m, n, k, z)
+    guard_m, guard_n = m % tile.bm != 0, n % tile.bn != 0
+    if splits == 1:
+        binds = Bindings(out_handle)
+        la, lb = make_a(binds, tile), make_b(binds, tile)
+        ep = make_epilogue(binds, guard_m, guard_n)
+        return GemmProblem(name, tile, m, n, k, z, la, lb, ep, binds, notes=notes).record(be)
+    # Split K: partial sums part[s, z, m, n] in a buffer of the kernel's own, then out = epi(sum over s).
+    total = z * m * n
+    scratch = be.device.create_buffer(size=-(-splits * total * 4 // 16) * 16, usage=wgpu.BufferUsage.STORAGE,
+                                      label=f"{name} split-K partial sums")
+    binds = Bindings(scratch)
+    la, lb = make_a(binds, tile), make_b(binds, tile)
+    conds = ([f"m >= {u(m)}"] if guard_m else []) + ([f"n >= {u(n)}"] if guard_n else [])
+    partial = Epilogue(f"(z * {u(m)} + m) * {u(n)} + n", guard=" || ".join(conds) or None)
+    steps = GemmProblem(name, tile, m, n, k, z, la, lb, partial, binds, notes=notes, splits=splits).record(be)
+    rbinds = Bindings(out_handle)
+    rbinds.add(scratch, False)
+    ep = make_epilogue(rbinds, False, False)
+    groups = math.ceil(total / REDUCE_WORKGROUP)
+    grid = grid_1d(groups)
+    header = "\n".join([
+        f"// ember split-K reduce for '{name}': out[z, m, n] = epi(sum over {splits} splits of part[s, z, m, n]), "
+        f"Z={z}, M={m}, N={n}", "// Bindings (group 0):", *rbinds.comment(),
+        f"// Dispatch grid: {grid} = ceil({total} / {REDUCE_WORKGROUP}) workgroups spread over x, y"])
+    src = be.kernel_source("splitk_reduce", HEADER=header, PRELUDE=PRELUDE, BINDINGS="\n".join(rbinds.declarations()),
+                           EPILOGUE=ep.function(rbinds), WORKGROUP=REDUCE_WORKGROUP, TOTAL=u(total), M=u(m), N=u(n),
+                           SPLITS=u(splits), PART=rbinds.var(scratch))
+    label = f"{name}:splitk_reduce"
+    return steps + [be.dispatch(be.pipeline(label, src), rbinds.buffers(), grid, label)]
 
 
 # ---- the generic strided kernel --------------------------------------------------------------------------------
@@ -564,14 +667,19 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
         ep = matmul_epilogue(out, bias, alpha, beta, act, m, n, True, True)
         return record_strided(be, a, b, out, ep, binds)
 
-    tile = pick_tile(be, m, n, nb)
-    la = strided_loader("a", tile.bm, binds, a.handle, a.offset, a.strides[0], a.strides[1], a.strides[2], m, k, nb)
-    lb = strided_loader("b", tile.bn, binds, b.handle, b.offset, b.strides[0], b.strides[2], b.strides[1], n, k, nb)
-    if bias is not None:
-        binds.add(bias.handle, False)
-    ep = matmul_epilogue(out, bias, alpha, beta, act, m, n, m % tile.bm != 0, n % tile.bn != 0)
-    prob = GemmProblem("matmul", tile, m, n, k, nb, la, lb, ep, binds,
-                       notes=[f"A quads along {la.quad}{' (vec4)' if la.vec4 else ''}, "
-                              f"B quads along {lb.quad}{' (vec4)' if lb.vec4 else ''}"])
-    return prob.record(be)
+    def make_a(binds: Bindings, tile: Tile) -> Loader:
+        return strided_loader("a", tile.bm, binds, a.handle, a.offset, a.strides[0], a.strides[1], a.strides[2], m, k,
+                              nb)
+
+    def make_b(binds: Bindings, tile: Tile) -> Loader:
+        return strided_loader("b", tile.bn, binds, b.handle, b.offset, b.strides[0], b.strides[2], b.strides[1], n, k,
+                              nb)
+
+    def make_epilogue(binds: Bindings, guard_m: bool, guard_n: bool) -> Epilogue:
+        if bias is not None:
+            binds.add(bias.handle, False)
+        return matmul_epilogue(out, bias, alpha, beta, act, m, n, guard_m, guard_n)
+
+    return record_gemm_kernel(be, "matmul", m, n, k, nb, out.handle, make_a, make_b, make_epilogue,
+                              [f"A {a.shape} strides {a.strides}, B {b.shape} strides {b.strides}"])
 
