@@ -457,6 +457,16 @@ class ComputeBackend(ABC):
         argmin_last (the arg ops need n_reduce == 1 and write int64 indices).
         """
 
+    def record_attention_views(self, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
+                               causal: bool) -> list:
+        """out = softmax(scale * q @ kᵀ + mask) @ v over 4-D Views (B, H, S, D), any strides.
+
+        k and v may have fewer heads than q (grouped-query attention: q head h reads kv head h // (Hq / Hkv));
+        mask is an additive float View already broadcast to (B, Hq, Sq, Skv), or None; `causal` masks keys
+        j > i + Skv - Sq (bottom-right aligned). A query row that sees no key gives zeros.
+        """
+        raise NotImplementedError(f"{self.name} backend: attention over views is not implemented")
+
     @abstractmethod
     def record_pool(self, kind: str, x: View, out: View, kernel: tuple[int, int], stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], count_include_pad: bool,
@@ -466,6 +476,18 @@ class ComputeBackend(ABC):
     @abstractmethod
     def record_gather(self, data: View, indices: View, axis: int, out: View) -> list:
         """out = np.take(data, indices, axis) with negative indices counted from the end (contiguous views)."""
+
+    @abstractmethod
+    def record_norm(self, kind: str, x: View, scale: View | None, bias: View | None, out: View, n: int,
+                    eps: float) -> list:
+        """Normalise each row of the last n elements of x (x, out contiguous): kind "layernorm"
+        (x - mean) / sqrt(var + eps) * scale + bias (biased var), or "rmsnorm" x / sqrt(mean(x²) + eps) * scale
+        + bias. scale and bias are Views of n elements; None means 1 and 0."""
+
+    @abstractmethod
+    def record_softmax(self, x: View, out: View, n: int, log: bool) -> list:
+        """(Log)softmax over each row of the last n elements of x (x, out contiguous), max-subtracted; a row
+        of all -inf (or holding NaN or +inf) gives NaN, as ONNX's reference and ONNX Runtime do."""
 
     # ---- tensors with logical dtypes (the runtime's view of memory) ----------------------------------
     @abstractmethod

@@ -21,6 +21,7 @@ def optimize(graph: Graph) -> dict[str, int]:
         "layernorm_fused": fuse_layernorm(graph),
         "rmsnorm_fused": fuse_rmsnorm(graph),
         "gelu_fused": fuse_gelu(graph),
+        "attention_fused": fuse_attention(graph),
     }
     stats["dead_nodes_removed"] = remove_dead(graph)
     return stats
@@ -442,3 +443,47 @@ def _is_ancestor(n: Node, target: Node, graph: Graph, cluster: list[Node]) -> bo
         if p is not None:
             stack += p.inputs
     return False
+
+
+def fuse_attention(graph: Graph) -> int:
+    """MatMul(Q, Kᵀ) [/ or * scale] [+ mask] -> Softmax(last axis) -> MatMul(·, V)  ->  ai.ember.Attention."""
+    count = 0
+    while True:
+        m = _Matcher(graph)
+        for pv in graph.nodes:
+            if pv.op_type != "MatMul" or pv.domain:
+                continue
+            sm = m.node(pv.inputs[0], "Softmax")
+            if sm is None or not m.single(pv.inputs[0]) or sm.attrs.get("axis", -1 if sm.opset >= 13 else 1) != -1:
+                continue
+            dead = {pv.inputs[0]}
+            cur, mask, scale = sm.inputs[0], "", 1.0
+            add = m.node(cur, "Add")
+            if add is not None and m.single(cur):
+                # The mask is the operand that does not lead back to the Q·Kᵀ product.
+                for s_in, mk in (add.inputs, add.inputs[::-1]):
+                    if m.node(s_in, "MatMul", "Div", "Mul") is not None:
+                        cur, mask = s_in, mk
+                        dead.add(add.outputs[0])
+                        break
+            sc = m.node(cur, "Div", "Mul")
+            if sc is not None and m.single(cur):
+                for s_in, c in (sc.inputs, sc.inputs[::-1]) if sc.op_type == "Mul" else [sc.inputs]:
+                    value = m.scalar(c)
+                    if value is not None and m.node(s_in, "MatMul") is not None:
+                        scale = 1.0 / value if sc.op_type == "Div" else value
+                        dead.add(sc.outputs[0])
+                        cur = s_in
+                        break
+            qk = m.node(cur, "MatMul")
+            if qk is None or not m.single(cur):
+                continue
+            dead.add(cur)
+            q, kt = qk.inputs
+            new = Node("Attention", EMBER_DOMAIN, [q, kt, pv.inputs[1], mask], list(pv.outputs),
+                       {"scale": float(scale)}, f"{pv.name}/attention", 1)
+            _replace(graph, dead, new, pv)
+            count += 1
+            break
+        else:
+            return count

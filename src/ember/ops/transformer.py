@@ -160,3 +160,154 @@ class SoftmaxBase(Op):
 
 register("Softmax", 1)(type("Softmax", (SoftmaxBase,), {}))
 register("LogSoftmax", 1)(type("LogSoftmax", (SoftmaxBase,), {"log": True}))
+
+
+def attention(ctx: Context, op: Op, q: T, k: T, v: T, mask: T | None, scale: float, causal: bool) -> T:
+    """softmax(scale * q @ kᵀ + mask) @ v over (B, H, S, D) tensors, k/v possibly with fewer heads (GQA).
+
+    The fused flash-style kernel when the backend has it; else the decomposition (MatMul, Softmax, MatMul).
+    """
+    b, hq, sq, d = q.shape
+    hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
+    shape = (b, hq, sq, dv)
+    mview = None
+    if mask is not None:
+        if mask.dtype == np.bool_:  # boolean masks: True = attend
+            mask = emit(ctx, op, call("where", inp(0, "bool"), const(0.0), const(-math.inf)), [mask],
+                        np.dtype(np.float32))
+        mview = ctx.view(mask).broadcast_to((b, hq, sq, skv))
+    out = ctx.new(q.dtype, shape)
+    if q.dtype == np.float32 and dv == d:
+        try:
+            steps = ctx.backend.record_attention_views(ctx.view(q), ctx.view(k), ctx.view(v), mview, out.view,
+                                                       float(scale), causal)
+        except NotImplementedError:
+            steps = None
+        if steps is not None:
+            ctx.record(steps)
+            ctx.count("attention.fused")
+            return out
+    ctx.count("attention.fallback")
+    rep = hq // hkv
+    kv_, vv_ = ctx.view(k), ctx.view(v)
+    if rep > 1:  # each kv head serves `rep` query heads: a broadcast view, no copy
+        kv_ = View(kv_.handle, kv_.dtype, (b, hkv, rep, skv, d), kv_.strides[:2] + (0,) + kv_.strides[2:], kv_.offset)
+        vv_ = View(vv_.handle, vv_.dtype, (b, hkv, rep, skv, dv), vv_.strides[:2] + (0,) + vv_.strides[2:], vv_.offset)
+        kt = ctx.contiguous(T(k.dtype, kv_.shape, view=kv_)).merged((b, hq, skv, d))
+        vt = ctx.contiguous(T(v.dtype, vv_.shape, view=vv_)).merged((b, hq, skv, dv))
+        kv_, vv_ = kt, vt
+    qv = ctx.view(q)
+    scores = ctx.new(q.dtype, (b, hq, sq, skv))
+    q3 = ctx.contiguous(T(q.dtype, q.shape, view=qv)).merged((b * hq, sq, d))
+    k3 = ctx.contiguous(T(k.dtype, kv_.shape, view=kv_)).merged((b * hq, skv, d))
+    ctx.record(ctx.backend.record_matmul(q3, k3.permute((0, 2, 1)), scores.view.merged((b * hq, sq, skv)),
+                                         alpha=float(scale)))
+    s = scores
+    if mask is not None:
+        s = emit(ctx, op, call("add", inp(0), inp(1)), [s, T(mask.dtype, (b, hq, sq, skv), view=mview)], q.dtype)
+    if causal:
+        i = np.arange(sq)[:, None]
+        j = np.arange(skv)[None, :]
+        cm = ctx.const(np.where(j <= i + (skv - sq), 0.0, -np.inf).astype(q.dtype))
+        s = emit(ctx, op, call("add", inp(0), inp(1)), [s, cm], q.dtype)
+    p = softmax(ctx, op, s, 3, False)
+    # A row that sees no key gives zeros (softmax of all -inf is NaN): the fused kernel's rule.
+    p = emit(ctx, op, call("where", call("isnan", inp(0)), const(0.0), inp(0)), [p], q.dtype)
+    v3 = ctx.contiguous(T(v.dtype, vv_.shape, view=vv_)).merged((b * hq, skv, dv))
+    p3 = ctx.contiguous(p).merged((b * hq, sq, skv))
+    ctx.record(ctx.backend.record_matmul(p3, v3, out.view.merged((b * hq, sq, dv))))
+    return out
+
+
+@register("Attention", 1, EMBER)
+class EmberAttention(Op):
+    """softmax(scale * Q @ KT + mask) @ V, from the exported MatMul/Div/Add/Softmax/MatMul pattern (KT = Kᵀ)."""
+
+    attrs = {"scale": 1.0}
+
+    def run(self, ctx: Context, q: T, kt: T, v: T, mask: T | None = None) -> list[T]:
+        if q.rank != 4 or kt.rank != 4 or v.rank != 4:
+            lead = q.shape[:-2]
+            q4 = reshape_view(ctx, q, (1, math.prod(lead), *q.shape[-2:]))
+            kt4 = reshape_view(ctx, kt, (1, math.prod(kt.shape[:-2]), *kt.shape[-2:]))
+            v4 = reshape_view(ctx, v, (1, math.prod(v.shape[:-2]), *v.shape[-2:]))
+            m4 = None
+            if mask is not None:
+                full = (*lead, q.shape[-2], kt.shape[-1])
+                m4 = T(mask.dtype, full, view=ctx.view(mask).broadcast_to(full))
+                m4 = reshape_view(ctx, T(mask.dtype, full, view=ctx.contiguous(m4)),
+                                  (1, math.prod(lead), q.shape[-2], kt.shape[-1]))
+            out = self.run(ctx, q4, kt4, v4, m4)[0]
+            return [reshape_view(ctx, out, (*lead, q.shape[-2], v.shape[-1]))]
+        k = T(kt.dtype, (kt.shape[0], kt.shape[1], kt.shape[3], kt.shape[2]), view=ctx.view(kt).permute((0, 1, 3, 2)))
+        return [attention(ctx, self, q, k, v, mask, self.a["scale"], False)]
+
+
+@register("Attention", 23)
+class Attention(Op):
+    """ONNX Attention-23: 4-D (B, H, S, D) or 3-D (B, S, H*D) inputs, boolean or additive mask, causal,
+    grouped-query heads, past key/value concatenated in front."""
+
+    attrs = {"is_causal": 0, "kv_num_heads": None, "q_num_heads": None, "qk_matmul_output_mode": 0, "scale": None,
+             "softcap": 0.0, "softmax_precision": None}
+
+    def run(self, ctx: Context, q: T, k: T, v: T, mask: T | None = None, past_k: T | None = None,
+            past_v: T | None = None, *rest: T | None) -> list[T]:
+        from .shape import Concat
+
+        outs = [o for o in self.node.outputs]
+        if len(outs) > 3 and outs[3]:
+            raise self.fail("the qk_matmul_output output is not supported")
+        if self.a["softcap"]:
+            raise self.fail("softcap is not supported")
+        if any(r is not None for r in rest):
+            raise self.fail("nonpad_kv_seqlen is not supported")
+        three_d = q.rank == 3
+        if three_d:
+            hq, hkv = self.a["q_num_heads"], self.a["kv_num_heads"]
+            q = self._heads(ctx, q, hq)
+            k, v = self._heads(ctx, k, hkv), self._heads(ctx, v, hkv)
+        past = past_k.shape[2] if past_k is not None else 0
+        if past_k is not None:
+            k = self._concat(ctx, Concat, past_k, k)
+            v = self._concat(ctx, Concat, past_v, v)
+        scale = self.a["scale"] if self.a["scale"] is not None else 1.0 / math.sqrt(q.shape[3])
+        if mask is not None and mask.shape[-1] < k.shape[2]:  # a mask shorter than the keys pads with -inf
+            raise self.fail("an attention mask shorter than the key sequence is not supported")
+        causal = bool(self.a["is_causal"])
+        sq, skv = q.shape[2], k.shape[2]
+        if causal and past != skv - sq:
+            # ONNX aligns the causal frontier at the past length (top-left without a cache); the kernel's flag
+            # is bottom-right aligned, so other alignments become an additive mask.
+            i, j = np.arange(sq)[:, None], np.arange(skv)[None, :]
+            frontier = ctx.const(np.where(j <= i + past, 0.0, -np.inf).astype(q.dtype))
+            if mask is not None and mask.dtype == np.bool_:
+                mask = emit(ctx, self, call("where", inp(0, "bool"), const(0.0), const(-math.inf)), [mask], q.dtype)
+            mask = frontier if mask is None else emit(ctx, self, call("add", inp(0), inp(1)), [mask, frontier],
+                                                      q.dtype)
+            causal = False
+        y = attention(ctx, self, q, k, v, mask, scale, causal)
+        if three_d:
+            b, h, s, dv = y.shape
+            moved = T(y.dtype, (b, s, h, dv), view=ctx.view(y).permute((0, 2, 1, 3)))
+            y = reshape_view(ctx, moved, (b, s, h * dv))
+        result = [y]
+        if len(outs) > 1 and outs[1]:
+            result += [k, v]
+        return result
+
+    def _heads(self, ctx: Context, t: T, heads: int) -> T:
+        b, s, hd = t.shape
+        split = reshape_view(ctx, t, (b, s, heads, hd // heads))
+        return T(t.dtype, (b, heads, s, hd // heads), view=ctx.view(split).permute((0, 2, 1, 3)))
+
+    def _concat(self, ctx: Context, concat: type, past: T, new: T) -> T:
+        shape = past.shape[:2] + (past.shape[2] + new.shape[2],) + past.shape[3:]
+        out = ctx.new(new.dtype, shape)
+        from .shape import copy_into
+
+        st = out.view.strides
+        if past.size:
+            copy_into(ctx, ctx.view(past), View(out.view.handle, out.dtype, past.shape, st, 0))
+        copy_into(ctx, ctx.view(new), View(out.view.handle, out.dtype, new.shape, st, past.shape[2] * st[2]))
+        return out

@@ -256,6 +256,27 @@ class CpuBackend(ComputeBackend):
 
         return [step]
 
+    def record_attention_views(self, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
+                               causal: bool) -> list[Step]:
+        qv, kv, vv, dst = self.array(q), self.array(k), self.array(v), self.array(out)
+        mv = self.array(mask) if mask is not None else None
+        rep = q.shape[1] // k.shape[1]
+        sq, skv = q.shape[2], k.shape[2]
+        causal_mask = None
+        if causal:
+            i, j = np.arange(sq)[:, None], np.arange(skv)[None, :]
+            causal_mask = np.where(j <= i + (skv - sq), 0.0, -np.inf).astype(qv.dtype)
+
+        def step() -> None:
+            kk = np.repeat(kv, rep, axis=1) if rep > 1 else kv
+            vv2 = np.repeat(vv, rep, axis=1) if rep > 1 else vv
+            m = mv
+            if causal_mask is not None:
+                m = causal_mask if m is None else m + causal_mask
+            dst[...] = attention_numpy(qv, kk, vv2, qv.dtype.type(scale), m)
+
+        return [step]
+
     def record_attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
                          seq_kv: int, head_dim: int, scale: float, causal: bool) -> list[Step]:
         f32 = np.dtype(np.float32)
