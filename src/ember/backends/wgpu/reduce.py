@@ -7,8 +7,13 @@ A reduction is a set of rows (one per output) of R elements each. The launch sha
   'subgroup' feature); short rows get one thread each;
 * rows strided (reducing a slower axis, outputs adjacent in memory): adjacent lanes take adjacent outputs,
   so each step of the loop reads a contiguous run, with a few lanes per output when outputs are few;
-* few, long rows: each row is cut into chunks reduced by separate workgroups into a scratch buffer of
-  partial states, then a second dispatch of the same kernel combines them.
+* too few threads for the data (fewer than TARGET_THREADS, as with few long rows): each row is cut into
+  chunks reduced by separate workgroups into a scratch buffer of partial states ([output][chunk]), then a
+  second dispatch of the same kernel combines each output's contiguous row of partials.
+
+Each lane keeps four loads in flight. Measured on an H200 (Vulkan), float32: 3.7 TB/s summing 8192 rows of
+4096, 3.3 TB/s over the slow axis of a 4096 x 8192 matrix, 3.75 TB/s for one sum of 2^26 elements (torch
+CUDA: 3.6, 3.1, 3.9 TB/s).
 
 Every op is a state S = (a, b), an identity, a load (element -> state), an associative combine and a final
 step, so the same kernel serves sum/mean/prod/min/max/norms, logsumexp (online max + rescaled sum) and the
@@ -29,9 +34,10 @@ from .elementwise import PRELUDE, int_literal
 
 WG_MAX = 256
 USE_SUBGROUPS = True  # tests switch this off to cover the workgroup-memory path on a subgroup device
-# A launch with fewer workgroups than this, over long rows, splits the rows into chunks (two passes).
-SPLIT_BELOW_GROUPS = 256
-SPLIT_CHUNK_MIN = 2048
+# A launch of fewer threads than this, over long rows, splits the rows into chunks (two passes): with four
+# loads in flight per thread, ~2^18 threads cover the latency of a large GPU's memory (H200: 4.8 TB/s).
+TARGET_THREADS = 1 << 18
+MIN_PER_LANE = 32  # elements each lane folds in a chunk, at least
 SPLIT_MAX = 1024
 
 OPS = ("sum", "mean", "max", "min", "prod", "sumsq", "l1", "l2", "logsum", "logsumexp", "argmax", "argmin",
@@ -118,7 +124,7 @@ def _op_spec(op: str, kind: str, r_total: int) -> _Op:
 FLOOR_DIV = """
 fn floor_div(a: i32, n: i32) -> i32 {
     let q = a / n;
-    return select(q, q - 1, (a % n != 0) && (a < 0));
+    return select(q, q - 1, (a - q * n != 0) && (a < 0));  // no i32 `%`: NVIDIA's driver computes it unsigned
 }
 """
 
@@ -292,10 +298,10 @@ def record_reduce_axes(be: WgpuBackend, op: str, x: View, out: View, n_reduce: i
     rows_contig = rs <= os_ if r > 1 else False
 
     tx, ty, ty_fast = _launch(n_out, r, rows_contig)
-    groups = -(-n_out // tx)
+    threads = -(-n_out // tx) * tx * ty
     split = 1
-    if groups < SPLIT_BELOW_GROUPS and r >= 2 * SPLIT_CHUNK_MIN:
-        split = min(-(-SPLIT_BELOW_GROUPS * 2 // groups), r // SPLIT_CHUNK_MIN, SPLIT_MAX)
+    if threads < TARGET_THREADS:
+        split = max(1, min(-(-TARGET_THREADS // threads), r // (ty * MIN_PER_LANE), SPLIT_MAX))
     subgroups = USE_SUBGROUPS and "subgroup" in be.features
     label = f"reduce:{op}"
 
@@ -314,8 +320,9 @@ def record_reduce_axes(be: WgpuBackend, op: str, x: View, out: View, n_reduce: i
         pipe = be.pipeline(label, src)
         return [be.dispatch(pipe, {0: x.handle, 2: out.handle}, grid_1d(-(-n_out // tx)), label)]
 
-    # Pass 1: chunks of rows -> partial states in scratch buffers. With contiguous rows a row's chunks are
-    # adjacent ([o][chunk]); otherwise adjacent rows are ([chunk][o]), so lanes stay on adjacent outputs.
+    # Pass 1: chunks of rows -> partial states in scratch buffers, laid out [o][chunk] so that pass 2 reads
+    # contiguous rows. With strided rows the chunks are numbered chunk-major, so that adjacent lanes stay on
+    # adjacent outputs for the reads.
     chunk = -(-r // split)
     split = -(-r // chunk)
     rows1 = n_out * split
@@ -323,7 +330,8 @@ def record_reduce_axes(be: WgpuBackend, op: str, x: View, out: View, n_reduce: i
     p1 = _Pass(rows1, r, tx1, ty1, fast1, split, chunk)
     sa = be.device.create_buffer(size=max(16, rows1 * 4), usage=wgpu.BufferUsage.STORAGE)
     sb = be.device.create_buffer(size=max(16, rows1 * 4), usage=wgpu.BufferUsage.STORAGE) if spec.has_b else None
-    part_store = "    dst[row] = s.a;" + ("\n    dst_b[row] = s.b;" if spec.has_b else "")
+    idx = "row" if rows_contig else f"(row % {n_out}u) * {split}u + row / {n_out}u"
+    part_store = f"    let i = {idx};\n    dst[i] = s.a;" + ("\n    dst_b[i] = s.b;" if spec.has_b else "")
     src1 = _source(be, spec, p1, range_code=_range(p1, n_out, rows_contig), row_base=x_base, elem=x_elem,
                    load=x_load, store=part_store,
                    bindings=_bindings(xt, None, spec.at, spec.bt if spec.has_b else None), subgroups=subgroups)
@@ -332,12 +340,9 @@ def record_reduce_axes(be: WgpuBackend, op: str, x: View, out: View, n_reduce: i
         b1[3] = sb
     steps = [be.dispatch(be.pipeline(label + ":1", src1), b1, grid_1d(-(-rows1 // tx1)), label + ":1")]
 
-    # Pass 2: each output combines its `split` partial states.
-    if rows_contig:
-        base2, elem2 = [f"    let base: u32 = o * {split}u;"], ["    let off: u32 = base + r;"]
-    else:
-        base2, elem2 = ["    let base: u32 = o;"], [f"    let off: u32 = base + r * {n_out}u;"]
-    tx2, ty2, fast2 = _launch(n_out, split, rows_contig)
+    # Pass 2: each output combines its `split` partial states, a contiguous row.
+    base2, elem2 = [f"    let base: u32 = o * {split}u;"], ["    let off: u32 = base + r;"]
+    tx2, ty2, fast2 = _launch(n_out, split, True)
     p2 = _Pass(n_out, split, tx2, ty2, fast2, 1, split)
     load2 = "    let i = elem(base, r);\n    return S(src[i], " + ("src_b[i]);" if spec.has_b else f"{spec.id_b});")
     src2 = _source(be, spec, p2, range_code=_range(p2, n_out, True), row_base=base2, elem=elem2, load=load2,

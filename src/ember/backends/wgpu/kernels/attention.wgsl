@@ -1,10 +1,13 @@
 // Flash-style attention (filled in by attention.py): o = softmax(scale * q k^T [+ causal mask]) v, per
 // (batch, head), with an online softmax over key tiles, so no seq_q x seq_kv matrix exists anywhere.
 //
-// A workgroup owns BQ query rows of one (batch, head) and walks the keys in tiles of BK. Thread (r, t)
-// (r = row, t = lane) computes the score of query r against key t of the tile, then, for the output,
-// owns the vec4 chunks t, t + BK, ... of row r's head_dim accumulator. Rows of q, k and v are padded to
-// D4 vec4s in workgroup memory (zeros past head_dim); the K and V tiles share one buffer.
+// A workgroup owns BQ = GY * RQ query rows of one (batch, head) and walks the keys in tiles of BK = GX * RK.
+// Thread (ty, tx) holds a register tile of scores: rows ty * RQ + i (i < RQ) against keys tx + GX * k
+// (k < RK), so each q and k vec4 read from workgroup memory feeds RK or RQ dot products. For the output it
+// owns the same rows and the head_dim vec4 chunks tx + GX * n. Row maxima go through workgroup memory
+// (`red`), the probabilities through `ps` ([key][row]); each lane keeps a partial row sum, added up at the
+// end. Rows of q, k and v are padded to D4 vec4s in workgroup memory (zeros past head_dim); K and V share
+// one tile buffer (V is loaded once the scores are done).
 // Causal masks are bottom-right aligned: query i sees key j iff j <= i + SKV - SQ; a query that sees no
 // key gets zeros. Every index is in range by construction (rows and keys past the end are clamped and
 // masked), so the module can run trusted.
@@ -20,9 +23,11 @@ const SQ: u32 = ${SQ}u;
 const SKV: u32 = ${SKV}u;
 const D: u32 = ${D}u;  // head_dim
 const D4: u32 = ${D4}u;  // head_dim in vec4s, rounded up
-const RS: u32 = ${RS}u;  // row stride of the workgroup tiles, in vec4s (odd: no bank conflicts)
-const BQ: u32 = ${BQ}u;
-const BK: u32 = ${BK}u;
+const RS: u32 = ${RS}u;  // row stride of the q and k/v tiles, in vec4s (odd: no bank conflicts)
+const GX: u32 = ${GX}u;  // lanes per row group
+const BQ: u32 = ${BQ}u;  // query rows per workgroup
+const BQP: u32 = ${BQP}u;  // row stride of ps (odd)
+const BK: u32 = ${BK}u;  // keys per tile
 const WG: u32 = ${WG}u;
 const QBLOCKS: u32 = ${QBLOCKS}u;
 const GROUPS: u32 = ${GROUPS}u;
@@ -30,8 +35,8 @@ const SCALE: f32 = ${SCALE};
 
 var<workgroup> qs: array<vec4<f32>, ${QS_SIZE}>;
 var<workgroup> kvs: array<vec4<f32>, ${KV_SIZE}>;
-var<workgroup> ss: array<f32, ${WG}>;  // scores of the tile, [r][t]
-var<workgroup> ps: array<f32, ${WG}>;  // their exponentials
+var<workgroup> ps: array<f32, ${PS_SIZE}>;
+var<workgroup> red: array<f32, ${RED_SIZE}>;
 
 // Chunk c (< D4) of the row starting at element `base` of a tensor; zeros past head_dim.
 fn load_q(base: u32, c: u32) -> vec4<f32> {
@@ -54,9 +59,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (g >= GROUPS) { return; }  // whole workgroups only
     let bh = g / QBLOCKS;
     let q0 = (g % QBLOCKS) * BQ;
-    let r = lid / BK;
-    let t = lid % BK;
-    let qi = q0 + r;
+    let tx = lid % GX;
+    let ty = lid / GX;
 
     for (var idx = lid; idx < BQ * D4; idx += WG) {
         let rr = idx / D4;
@@ -68,11 +72,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     // Keys this block can see at all.
     let kend = ${KEND};
-    var m = neg_inf();  // running max of row r's scores
-    var l = 0.0;  // running sum of exp(score - m)
-${ACC_DECL}
+${STATE_DECL}
     for (var j0 = 0u; j0 < kend; j0 += BK) {
-        workgroupBarrier();  // the previous tile's V reads are done
+        workgroupBarrier();  // the previous tile's V and ps reads are done
         for (var idx = lid; idx < BK * D4; idx += WG) {
             let j = idx / D4;
             let c = idx % D4;
@@ -80,42 +82,21 @@ ${ACC_DECL}
             kvs[j * RS + c] = select(vec4<f32>(0.0), x, j0 + j < SKV);
         }
         workgroupBarrier();
-        let jg = j0 + t;
-        var sc = 0.0;
-        for (var c = 0u; c < D4; c++) {
-            sc += dot(qs[r * RS + c], kvs[t * RS + c]);
-        }
-        let visible = jg < SKV${VISIBLE};
-        sc = select(neg_inf(), sc, visible);
-        ss[lid] = sc;
-        workgroupBarrier();  // scores done, K no longer read
+${SCORES}
+        workgroupBarrier();  // partial maxima written, K no longer read
         for (var idx = lid; idx < BK * D4; idx += WG) {
             let j = idx / D4;
             let c = idx % D4;
             let x = load_v((bh * SKV + min(j0 + j, SKV - 1u)) * D, c);
             kvs[j * RS + c] = select(vec4<f32>(0.0), x, j0 + j < SKV);
         }
-        var mt = m;
+${SOFTMAX}
+        workgroupBarrier();  // V tile and probabilities ready
         for (var j = 0u; j < BK; j++) {
-            mt = max(mt, ss[r * BK + j]);
-        }
-        let none = mt == neg_inf();  // nothing visible to this row yet
-        let alpha = select(exp(m - mt), 1.0, none);
-        ps[lid] = select(exp(sc - mt), 0.0, none || !visible);
-        m = mt;
-        workgroupBarrier();  // V tile and exponentials ready
-        l = l * alpha;
-${ACC_SCALE}
-        for (var j = 0u; j < BK; j++) {
-            let p = ps[r * BK + j];
-            l += p;
-${ACC_UPDATE}
+${PV}
         }
     }
 
-    if (qi < SQ) {
-        let inv = select(0.0, 1.0 / l, l > 0.0);
-        let obase = (bh * SQ + qi) * D;
-${ACC_STORE}
-    }
+    workgroupBarrier();
+${FINAL}
 }

@@ -46,7 +46,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let row = select(0u, row_raw, valid);
 ${RANGE}
     var s = identity();
-    for (var r = start + ty; r < end; r += TY) {
+    var r = start + ty;
+    // Four independent loads in flight per step, then the tail.
+    for (; r + 3u * TY < end; r += 4u * TY) {
+        let s01 = combine(load(base, r), load(base, r + TY));
+        let s23 = combine(load(base, r + 2u * TY), load(base, r + 3u * TY));
+        s = combine(s, combine(s01, s23));
+    }
+    for (; r < end; r += TY) {
         s = combine(s, load(base, r));
     }
 ${CROSS}
