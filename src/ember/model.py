@@ -209,7 +209,7 @@ class Model:
 
 def load_onnx(model: Any, backend: str = "auto", **options: Any) -> Model:
     """Load an ONNX model (path, bytes or onnx.ModelProto) onto a backend ("auto", "wgpu", "cpu")."""
-    if backend != "auto":
+    if not (isinstance(backend, str) and backend.lower() == "auto"):
         backend = canonical_name(backend)
     graph, source = load(model)
     check_supported(graph)

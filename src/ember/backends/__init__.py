@@ -30,9 +30,14 @@ def available_backends() -> list[str]:
 
 def backend(name: str = "auto", **opts: Any) -> ComputeBackend:
     """An initialised backend. "auto" = EMBER_BACKEND if set, else the best available one."""
-    if name == "auto":
-        name = os.environ.get("EMBER_BACKEND", "").strip() or available_backends()[0]
-        if name == "auto":
+    if isinstance(name, str) and name.lower() == "auto":
+        env = os.environ.get("EMBER_BACKEND", "").strip()
+        if env and env.lower() != "auto":
+            try:
+                name = canonical_name(env)
+            except ValueError as e:
+                raise ValueError(f"EMBER_BACKEND={env!r}: {e}") from None
+        else:
             name = available_backends()[0]
     name = canonical_name(name)
     if name == "cpu":

@@ -372,23 +372,29 @@ def _arg(fn: Callable, last: bool) -> Callable:
     return reduce
 
 
+def _acc(x: np.ndarray) -> Any:
+    """Accumulate float sums in float64: numpy adds along a strided axis one element at a time, and float32
+    drifts over long rows."""
+    return np.float64 if x.dtype.kind == "f" else None
+
+
 def _logsumexp(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     m = np.max(x, axis=axes, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)
-    return (np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m).squeeze(axes)
+    return (np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True, dtype=_acc(x))) + m).squeeze(axes)
 
 
 _REDUCERS: dict[str, Callable[[np.ndarray, tuple[int, ...]], Any]] = {
-    "sum": lambda x, a: np.sum(x, axis=a),
-    "mean": lambda x, a: np.mean(x, axis=a) if x.dtype.kind == "f" else np.sum(x, axis=a) // math.prod(
+    "sum": lambda x, a: np.sum(x, axis=a, dtype=_acc(x)),
+    "mean": lambda x, a: np.mean(x, axis=a, dtype=_acc(x)) if x.dtype.kind == "f" else np.sum(x, axis=a) // math.prod(
         x.shape[i] for i in a),
     "max": lambda x, a: np.max(x, axis=a),
     "min": lambda x, a: np.min(x, axis=a),
     "prod": lambda x, a: np.prod(x, axis=a),
-    "sumsq": lambda x, a: np.sum(x * x, axis=a),
-    "l1": lambda x, a: np.sum(np.abs(x), axis=a),
-    "l2": lambda x, a: np.sqrt(np.sum(x * x, axis=a)),
-    "logsum": lambda x, a: np.log(np.sum(x, axis=a)),
+    "sumsq": lambda x, a: np.sum(x * x, axis=a, dtype=_acc(x)),
+    "l1": lambda x, a: np.sum(np.abs(x), axis=a, dtype=_acc(x)),
+    "l2": lambda x, a: np.sqrt(np.sum(x * x, axis=a, dtype=_acc(x))),
+    "logsum": lambda x, a: np.log(np.sum(x, axis=a, dtype=_acc(x))),
     "logsumexp": _logsumexp,
     "argmax": _arg(np.argmax, False),
     "argmin": _arg(np.argmin, False),

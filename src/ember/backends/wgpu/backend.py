@@ -214,7 +214,8 @@ class WgpuBackend(ComputeBackend):
 
         n = len(steps)
         qs = self.device.create_query_set(type="timestamp", count=2 * n)
-        resolve = self.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        resolve = self.device.create_buffer(size=16 * n,
+                                            usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
         encoder = self.device.create_command_encoder()
         for i, st in enumerate(steps):
             if type(st) is Dispatch:
@@ -226,9 +227,11 @@ class WgpuBackend(ComputeBackend):
                 cpass.end()
             else:
                 # Copies cannot carry timestamp writes: an empty stamped pass on each side brackets them.
-                encoder.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * i}).end()
+                begin = {"query_set": qs, "beginning_of_pass_write_index": 2 * i}
+                encoder.begin_compute_pass(timestamp_writes=begin).end()
                 encoder.copy_buffer_to_buffer(st.src, st.src_offset, st.dst, st.dst_offset, st.size)
-                encoder.begin_compute_pass(timestamp_writes={"query_set": qs, "end_of_pass_write_index": 2 * i + 1}).end()
+                end = {"query_set": qs, "end_of_pass_write_index": 2 * i + 1}
+                encoder.begin_compute_pass(timestamp_writes=end).end()
         encoder.resolve_query_set(qs, 0, 2 * n, resolve, 0)
         self.queue.submit([encoder.finish()])
         ticks = np.frombuffer(self.queue.read_buffer(resolve), np.uint64).reshape(n, 2).astype(np.float64)
@@ -308,3 +311,14 @@ class WgpuBackend(ComputeBackend):
         from .attention import record_attention
 
         return record_attention(self, q, k, v, o, batch, heads, seq_q, seq_kv, head_dim, scale, causal)
+
+    def record_norm(self, kind: str, x: View, scale: View | None, bias: View | None, out: View, n: int,
+                    eps: float) -> list:
+        from .norm import record_norm
+
+        return record_norm(self, kind, x, scale, bias, out, n, eps)
+
+    def record_softmax(self, x: View, out: View, n: int, log: bool) -> list:
+        from .softmax import record_softmax
+
+        return record_softmax(self, x, out, n, log)
