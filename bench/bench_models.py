@@ -147,6 +147,18 @@ def ember_engine(path: Path, feeds: dict, backend: str, fuse: bool = True) -> tu
     return (lambda: model.run(feeds)), model
 
 
+def host_us_per_step(model: Any, reps: int = 20) -> float:
+    """Host time to encode one recorded step into a command buffer (what a replay costs per node on the CPU)."""
+    be = model.compute_backend
+    plan = next(iter(model._plans.values()))
+    t = time.perf_counter()
+    for _ in range(reps):
+        enc = be.device.create_command_encoder()
+        be.encode(enc, plan.steps)
+        enc.finish()
+    return round((time.perf_counter() - t) / reps / max(len(plan.steps), 1) * 1e6, 2)
+
+
 def ort_engine(path: Path, feeds: dict) -> Callable:
     import onnxruntime as ort
 
@@ -228,8 +240,15 @@ def main() -> int:
     backends = ember.available_backends()
     wl = workloads()
     results: list[dict] = []
+    meta = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "python": platform.python_version(),
+            "command": " ".join(sys.argv), "backends": backends}
     for name in args.models.split(","):
-        path, feeds, module = wl[name]()
+        try:
+            path, feeds, module = wl[name]()
+        except Exception as e:  # an exporter missing on this machine: report it, go on with the others
+            print(f"== {name}: could not build: {type(e).__name__}: {e}")
+            results.append({"model": name, "engines": {}, "info": {"error": str(e)}})
+            continue
         print(f"== {name}  ({path.name})", flush=True)
         ref = None
         engines: list[tuple[str, Callable[[], Any]]] = []
@@ -237,7 +256,12 @@ def main() -> int:
         for b in backends:
             if b == "cpu" and args.no_cpu:
                 continue
-            fn, model = ember_engine(path, feeds, b)
+            try:
+                fn, model = ember_engine(path, feeds, b)
+            except Exception as e:
+                info[b] = f"load failed: {type(e).__name__}: {e}"
+                print(f"  ember {b}: load failed: {e}")
+                continue
             engines.append((f"ember {b}", fn))
             info[b] = model.plan_info()
             if b == "wgpu":
@@ -246,6 +270,9 @@ def main() -> int:
                     fn2, m2 = ember_engine(path, feeds, b, fuse=False)
                     engines.append(("ember wgpu, fusion off", fn2))
                     info["wgpu_unfused_steps"] = m2.plan_info()["steps"]
+                info["wgpu_host_us_per_step"] = host_us_per_step(model)
+                if name == "chain200":
+                    info["wgpu_unfused_host_us_per_step"] = host_us_per_step(m2)
                 try:
                     info["wgpu_profile_top"] = [(lbl, round(ms, 4)) for lbl, ms in model.profile(feeds, top=8)]
                     info["wgpu_gpu_ms_total"] = round(sum(ms for _, ms in model.profile(feeds)), 4)
@@ -255,7 +282,12 @@ def main() -> int:
         engines += list(torch_engines(module, feeds).items())
         row = {"model": name, "engines": {}, "info": info}
         for label, fn in engines:
-            out = fn()
+            try:
+                out = fn()
+            except Exception as e:
+                row["engines"][label] = f"failed: {type(e).__name__}: {str(e)[:100]}"
+                print(f"  {label}: failed: {e}")
+                continue
             out0 = out[0] if isinstance(out, list) else next(iter(out.values())) if isinstance(out, dict) else out
             out0 = np.asarray(out0.numpy() if hasattr(out0, "numpy") else out0)
             if ref is None and label == "onnxruntime cpu":
@@ -265,6 +297,8 @@ def main() -> int:
             print(f"  {label:28} {t['median_ms']:9.3f} ms  (p10 {t['p10_ms']:.3f}, p90 {t['p90_ms']:.3f})", flush=True)
             row["engines"][label]["_out"] = out0
         for t in row["engines"].values():
+            if not isinstance(t, dict):
+                continue
             out0 = t.pop("_out")
             if ref is not None and out0.shape == ref.shape:
                 t["max_rel_err_vs_ort"] = float(np.abs(out0 - ref).max() / (np.abs(ref).max() + 1e-30))
@@ -272,10 +306,8 @@ def main() -> int:
             row["engines"]["onnxruntime webgpu (peer)"] = peer_webgpu(path, feeds, args.repeat)
             print(f"  onnxruntime webgpu: {row['engines']['onnxruntime webgpu (peer)']}")
         results.append(row)
-    meta = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "python": platform.python_version(),
-            "command": " ".join(sys.argv), "backends": backends}
-    if args.json:
-        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
+        if args.json:  # after every model, so a run cut short still leaves its results
+            args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
     table = markdown(results)
     print(table)
     if args.md:
