@@ -1,0 +1,52 @@
+// Fused row normalisation (filled in by norm.py): LayerNorm or RMSNorm over contiguous rows of N elements.
+//
+// Bindings (group 0): 0 x (read), 1 scale (read), 2 bias (read), 3 out (read_write). scale and bias are
+// declared only when the op has them; an input in out's buffer is read through `out` (binding 0 absent).
+// Grid: grid_1d(ceil(ROWS / TX)) workgroups of TX * TY invocations: TX rows per workgroup, TY lanes per row,
+// adjacent lanes on adjacent elements; row = (wid.y * nwg.x + wid.x) * TX + lid / TY.
+//
+// layernorm: two passes in f32 over the row shifted by its first element k, d = x - k (exact for x near k,
+// so a large common offset such as 1e4 + noise loses nothing, where even an f32 mean would):
+//   m = mean(d), var = mean((d - m)²), out = (d - m) * inverseSqrt(var + EPS) * scale + bias.
+// rmsnorm: out = x * inverseSqrt(mean(x²) + EPS) * scale + bias.
+// Each lane folds its elements with a compensated (Neumaier) sum; the lanes of a row then combine in a fixed
+// order (subgroup butterfly + workgroup memory, or a tree in workgroup memory), so runs are bitwise
+// reproducible. With CPL <= the cache limit the lane keeps its elements in registers (`c`) between passes.
+// Every index is in range by construction: rows past the end clamp to row 0 and store nothing.
+${PRELUDE}
+
+${BINDINGS}
+
+const N: u32 = ${N}u;  // row length
+const NF: f32 = ${NF};  // N as f32
+const EPS: f32 = ${EPS};
+const TX: u32 = ${TX}u;  // rows per workgroup
+const TY: u32 = ${TY}u;  // lanes per row
+const ROWS: u32 = ${ROWS}u;
+const CPL: u32 = ${CPL}u;  // elements per lane, ceil(N / TY)
+
+var<workgroup> sh: array<f32, ${WG}>;
+
+${ROW_SUM}
+
+// Neumaier's compensated sum: (sum, compensation).
+fn acc(a: vec2<f32>, y: f32) -> vec2<f32> {
+    let t = a.x + y;
+    let c = select((y - t) + a.x, (a.x - t) + y, abs(a.x) >= abs(y));
+    return vec2<f32>(t, a.y + c);
+}
+// The compensated sum's value; an infinite sum stays itself (its compensation is inf - inf = NaN).
+fn total(a: vec2<f32>) -> f32 { return select(a.x + a.y, a.x, is_inf(a.x)); }
+
+@compute @workgroup_size(${WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32${SG_ARGS}) {
+    let tx = lid / TY;
+    let ty = lid % TY;
+    let row_raw = (wid.y * nwg.x + wid.x) * TX + tx;
+    let valid = row_raw < ROWS;
+    let row = select(0u, row_raw, valid);
+    let xb = ${X_OFF}u + row * N;
+    let ob = ${OUT_OFF}u + row * N;
+${BODY}
+}
