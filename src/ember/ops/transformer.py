@@ -22,17 +22,11 @@ EMBER = "ai.ember"
 PATTERNS = ("rmsnorm", "layernorm", "softmax", "gelu", "attention")
 
 
-def _vector(ctx: Context, t: T | None, n: int, name: str, op: Op) -> View | None:
-    """scale/bias as n contiguous elements (broadcast over the normalised dims), or None."""
-    if t is None:
+def _vector(ctx: Context, t: T | None, n: int) -> View | None:
+    """scale/bias as a View of n elements (the kernels take strided and stride-0 views), or None."""
+    if t is None or t.size not in (1, n):
         return None
-    if t.size == n:
-        return ctx.contiguous(reshape_view(ctx, t, (n,)))
-    if t.size == 1:
-        full = emit(ctx, op, inp(0), [reshape_view(ctx, t, (1,))], t.dtype)
-        full = emit(ctx, op, call("add", inp(0), inp(1)), [full, ctx.const(np.zeros(n, t.dtype))], t.dtype)
-        return ctx.contiguous(full)
-    return None
+    return ctx.view(reshape_view(ctx, t, (t.size,))).broadcast_to((n,))
 
 
 def fused_norm(ctx: Context, op: Op, kind: str, x: T, axis: int, scale: T | None, bias: T | None,
@@ -41,7 +35,7 @@ def fused_norm(ctx: Context, op: Op, kind: str, x: T, axis: int, scale: T | None
     if not hasattr(ctx.backend, "record_norm") or x.dtype != np.float32 or x.size == 0:
         return None
     n = math.prod(x.shape[axis:])
-    sv, bv = _vector(ctx, scale, n, "scale", op), _vector(ctx, bias, n, "bias", op)
+    sv, bv = _vector(ctx, scale, n), _vector(ctx, bias, n)
     if (scale is not None and sv is None) or (bias is not None and bv is None):
         return None
     out = ctx.new(x.dtype, x.shape)
