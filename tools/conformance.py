@@ -17,11 +17,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "tests" / "conformance"))
-# Appended, not prepended: an installed ember (or one on PYTHONPATH) wins over the source tree.
+# The harness lives in the tests package; an installed ember (or one on PYTHONPATH) wins over src/.
+sys.path.insert(0, str(REPO_ROOT))
 sys.path.append(str(REPO_ROOT / "src"))
 
-import harness  # noqa: E402
+from tests.conformance import harness  # noqa: E402
 
 
 def ember_backends() -> list[str]:
@@ -54,8 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         passes = harness.ort_passing_cases(cases[n] for n in names)
         harness.write_names(harness.ORT_PASSES_FILE, passes, harness.ORT_PASSES_HEADER)
-        print(f"ONNX Runtime CPU passes {len(passes)} of {len(names)} cases "
-              f"({time.perf_counter() - t0:.0f} s); wrote {harness.ORT_PASSES_FILE.relative_to(REPO_ROOT)}")
+        print(
+            f"ONNX Runtime CPU passes {len(passes)} of {len(names)} cases "
+            f"({time.perf_counter() - t0:.0f} s); wrote {harness.ORT_PASSES_FILE.relative_to(REPO_ROOT)}"
+        )
         return 0
 
     ort_ok = set(harness.ort_passes())
@@ -103,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             new = sorted(set(passed[backend]) & ort_ok)
             dropped = sorted(old - set(new))
             harness.write_names(path, new, harness.allowlist_header(backend))
-            print(f"wrote {path.relative_to(REPO_ROOT)}: {len(new)} cases "
-                  f"(+{len(set(new) - old)} / -{len(dropped)})")
+            added = len(set(new) - old)
+            print(f"wrote {path.relative_to(REPO_ROOT)}: {len(new)} cases (+{added} / -{len(dropped)})")
             for name in dropped:
                 print(f"  dropped (was passing): {name}")
     return 0

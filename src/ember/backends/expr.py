@@ -27,7 +27,7 @@ FLOAT, INT, BOOL = "float", "int", "bool"
 class Expr:
     op: str  # "in", "const", "coord", "load" or a name in SIGNATURES
     args: tuple[Expr, ...] = ()
-    value: Any = None  # input index for "in"/"load", the number for "const", the dim for "coord", the dtype for "bitcast"
+    value: Any = None  # "in"/"load": input index; "const": the number; "coord": the dim; "bitcast": the dtype
     kind: str = FLOAT
 
     def size(self) -> int:
@@ -229,7 +229,8 @@ def eval_numpy(expr: Expr, inputs: list[np.ndarray], float_dtype: Any = np.float
         vals = [ev(a) for a in e.args]
         if e.op == "load":
             src = inputs[e.value]
-            idx = tuple(np.clip(v.astype(np.int64, copy=False), 0, max(n - 1, 0)) for v, n in zip(vals, src.shape, strict=True))
+            idx = tuple(np.clip(v.astype(np.int64, copy=False), 0, max(n - 1, 0))
+                        for v, n in zip(vals, src.shape, strict=True))
             return src[idx] if src.size else np.zeros(np.broadcast_shapes(*(v.shape for v in vals)), src.dtype)
         if e.op == "bitcast":
             v = np.ascontiguousarray(vals[0])

@@ -81,11 +81,10 @@ class Pool(Op):
     kind: str
 
     def run(self, ctx: Context, x: T) -> list[T]:
-        if len([o for o in self.node.outputs if o]) > 1:
-            raise self.fail("the Indices output of MaxPool is not supported")
+        want_indices = len(self.node.outputs) > 1 and bool(self.node.outputs[1])
         r = x.rank - 2
-        if r not in (1, 2):
-            raise self.fail(f"{r}-D pooling is not supported (1-D and 2-D are)")
+        if r not in (1, 2, 3):
+            raise self.fail(f"{r}-D pooling is not supported (1-D, 2-D and 3-D are)")
         kernel = tuple(self.a["kernel_shape"])
         strides = tuple(self.a["strides"] or [1] * r)
         dil = tuple(self.a["dilations"] or [1] * r)
@@ -98,12 +97,40 @@ class Pool(Op):
                 o -= 1  # the last window must start inside the input or its left padding
             out_sp.append(o)
         out = ctx.new(x.dtype, (*x.shape[:2], *out_sp))
+        if want_indices:
+            from .index import pool_argmax
+
+            indices = pool_argmax(ctx, x, out.shape, kernel, strides, dil, pads, self.a["storage_order"])
+            return [*self.run_values(ctx, x, out, kernel, strides, dil, pads), indices]
+        return self.run_values(ctx, x, out, kernel, strides, dil, pads)
+
+    def run_values(self, ctx: Context, x: T, out: T, kernel: tuple, strides: tuple, dil: tuple,
+                   pads: list[int]) -> list[T]:
+        r = x.rank - 2
+        if r == 3:
+            return [self.pool3d(ctx, x, out, kernel, strides, dil, pads)]
         if r == 1:
             kernel, strides, dil, pads = (1, *kernel), (1, *strides), (1, *dil), [0, pads[0], 0, pads[1]]
         ctx.record(ctx.backend.record_pool(self.kind, ctx.contiguous(to_2d(ctx, x)), to_2d(ctx, out).view, kernel,
                                            strides, (pads[0], pads[1], pads[2], pads[3]), dil,
                                            bool(self.a["count_include_pad"]), int(self.a["p"])))
         return [out]
+
+    def pool3d(self, ctx: Context, x: T, out: T, kernel: tuple, strides: tuple, dil: tuple, pads: list[int]) -> T:
+        """3-D pooling as two 2-D pools: over (H, W) for every depth slice, then over D. Max, Lp and both
+        average modes separate exactly: a window's element count is the product of its per-dim counts."""
+        n, c, d, h, w = x.shape
+        _, _, od, oh, ow = out.shape
+        inc, p = bool(self.a["count_include_pad"]), int(self.a["p"])
+        x4 = reshape_view(ctx, x, (n * c * d, 1, h, w))
+        mid = ctx.new(x.dtype, (n * c * d, 1, oh, ow))
+        ctx.record(ctx.backend.record_pool(self.kind, ctx.contiguous(x4), mid.view, kernel[1:], strides[1:],
+                                           (pads[1], pads[2], pads[4], pads[5]), dil[1:], inc, p))
+        mid4 = reshape_view(ctx, mid, (n * c, 1, d, oh * ow))
+        o4 = reshape_view(ctx, out, (n * c, 1, od, oh * ow))
+        ctx.record(ctx.backend.record_pool(self.kind, mid4.view, o4.view, (kernel[0], 1), (strides[0], 1),
+                                           (pads[0], 0, pads[3], 0), (dil[0], 1), inc, p))
+        return out
 
 
 register("MaxPool", 1)(type("MaxPool", (Pool,), {"kind": "max"}))

@@ -248,8 +248,9 @@ class Pad(Op):
     attrs = {"mode": "constant", "pads": None, "value": 0.0, "paddings": None}
 
     def run(self, ctx: Context, x: T, pads: T | None = None, value: T | None = None, axes: T | None = None) -> list[T]:
-        if self.a["mode"] != "constant":
-            raise self.fail(f"mode {self.a['mode']!r} is not supported (only 'constant')")
+        mode = self.a["mode"]
+        if mode not in ("constant", "reflect", "edge", "wrap"):
+            raise self.fail(f"mode {mode!r} is not supported")
         p = host_ints(self, pads, "pads") if pads is not None else (self.a["pads"] or self.a["paddings"])
         fill = self.a["value"]
         if value is not None:
@@ -264,6 +265,10 @@ class Pad(Op):
         shape = [d + b + e for d, b, e in zip(x.shape, before, after, strict=True)]
         if any(d < 0 for d in shape):
             raise ValueError(f"{self.node.describe()}: pads {p} crop more than the input {x.shape}")
+        if mode != "constant":
+            from .index import padded  # reflect/edge/wrap: one gather kernel, source indices computed
+
+            return [padded(ctx, x, mode, before, after)]
         out = ctx.new(x.dtype, shape)
         if out.size:
             ctx.record(ctx.backend.record_elementwise(const(fill, kind_of(x.dtype)), [], out.view))

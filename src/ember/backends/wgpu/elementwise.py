@@ -17,7 +17,7 @@ from ..expr import BOOL, FLOAT, INT, Expr
 from .backend import WgpuBackend, grid_1d, storage_type
 
 WORKGROUP = 256
-MAX_EXPR_NODES = 512  # naga and Dawn reject very deep expressions; the fuser caps chains below this
+MAX_EXPR_NODES = 1024  # distinct nodes; each is its own `let`, so this bounds shader size, not nesting depth
 
 # Helpers every generated kernel may call. NaN and infinity come from bit patterns, not literals
 # (WGSL has no inf/nan literals), and are tested by bits, since the compiler may assume x == x.
@@ -69,38 +69,71 @@ fn pow_f32(x: f32, y: f32) -> f32 {
 }
 fn imod(a: i32, b: i32) -> i32 {
     if (b == 0) { return 0; }
-    let r = a % b;
+    let r = a - b * (a / b);  // not `%`: NVIDIA's Vulkan driver (H200) gave i32 % the unsigned result
     return select(r, r + b, r != 0 && ((r < 0) != (b < 0)));
 }
+fn tanh_f32(x: f32) -> f32 {
+    // Drivers may evaluate tanh as (e^2x - 1) / (e^2x + 1), which cancels near 0: a series there.
+    let a = abs(x);
+    if (a < 0.1) {
+        let x2 = x * x;
+        return x * (1.0 + x2 * (-0.33333333333 + x2 * (0.13333333333 + x2 * -0.053968253968)));
+    }
+    if (a > 15.0 || is_nan(x)) { return select(sign(x), x, is_nan(x)); }
+    return sign(x) * (1.0 - 2.0 / (exp(2.0 * a) + 1.0));
+}
+fn log1p_f32(y: f32) -> f32 {
+    // log(1 + y) without the cancellation of forming 1 + y (Goldberg): softplus of large negatives needs it.
+    let u = 1.0 + y;
+    if (u == 1.0) { return y; }
+    return log(u) * (y / (u - 1.0));
+}
+fn softplus_f32(x: f32) -> f32 { return select(x, 0.0, x < 0.0) + log1p_f32(exp(-abs(x))); }
+fn mod_f32(a: f32, b: f32) -> f32 {
+    // numpy's floored mod: the result takes b's sign (zeros too); a finite a mod +-inf is a or b.
+    if (is_inf(b) && !is_inf(a) && !is_nan(a)) {
+        if (a == 0.0) { return select(0.0, bitcast<f32>(0x80000000u), b < 0.0); }
+        return select(b, a, (a < 0.0) == (b < 0.0));
+    }
+    let r = a - b * floor(a / b);
+    return select(r, select(0.0, bitcast<f32>(0x80000000u), b < 0.0), r == 0.0);
+}
 fn idiv(a: i32, b: i32) -> i32 { return select(a / b, 0, b == 0); }
+fn ifmod(a: i32, b: i32) -> i32 {
+    if (b == 0) { return 0; }
+    return a - b * (a / b);
+}
 """
 
 _F_UNARY = {
     "neg": "(-{0})", "abs": "abs({0})", "sign": "select(sign({0}), {0}, is_nan({0}))",
-    "relu": "select({0}, 0.0, {0} < 0.0)", "floor": "floor({0})", "ceil": "ceil({0})", "round": "round({0})",
+    # relu keeps NaN by a bit test: NVIDIA's driver turns select(x, 0, x < 0) into max(x, 0), which drops it
+    "relu": "select(select({0}, 0.0, {0} < 0.0), {0}, is_nan({0}))",
+    "floor": "floor({0})", "ceil": "ceil({0})", "round": "round({0})",
     "exp": "exp({0})", "log": "safe_log({0})", "sqrt": "safe_sqrt({0})", "reciprocal": "(1.0 / {0})",
-    "sigmoid": "(1.0 / (1.0 + exp(-{0})))", "tanh": "select(tanh({0}), sign({0}), abs({0}) > 15.0)",
+    "sigmoid": "(1.0 / (1.0 + exp(-{0})))", "tanh": "tanh_f32({0})",
     "erf": "erf_f32({0})", "gelu": "(0.5 * {0} * (1.0 + erf_f32({0} * 0.70710678118654752)))",
-    "gelu_tanh": "(0.5 * {0} * (1.0 + tanh(clamp(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0}), -15.0, 15.0))))",
+    "gelu_tanh": "(0.5 * {0} * (1.0 + tanh(clamp(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0}), "
+                 "-15.0, 15.0))))",
     "sin": "sin({0})", "cos": "cos({0})", "tan": "tan({0})",
     "asin": "select(asin({0}), nan_f32(), abs({0}) > 1.0)", "acos": "select(acos({0}), nan_f32(), abs({0}) > 1.0)",
     "atan": "atan({0})", "sinh": "sinh({0})", "cosh": "cosh({0})", "asinh": "asinh({0})",
     "acosh": "select(acosh({0}), nan_f32(), {0} < 1.0)",
     "atanh": "select(atanh({0}), nan_f32(), abs({0}) > 1.0)",
-    "softplus": "select(log(1.0 + exp({0})), {0}, {0} > 20.0)", "softsign": "({0} / (1.0 + abs({0})))",
+    "softplus": "softplus_f32({0})", "softsign": "({0} / (1.0 + abs({0})))",
     "isnan": "is_nan({0})", "isinf": "is_inf({0})", "isposinf": "({0} == inf_f32())",
     "isneginf": "({0} == -inf_f32())",
 }
 _F_BINARY = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
     "max": "fmax_nan({0}, {1})", "min": "fmin_nan({0}, {1})", "pow": "pow_f32({0}, {1})",
-    "mod": "({0} - {1} * floor({0} / {1}))", "fmod": "({0} - {1} * trunc({0} / {1}))",
+    "mod": "mod_f32({0}, {1})", "fmod": "({0} - {1} * trunc({0} / {1}))",
 }
 _I_UNARY = {"neg": "(-{0})", "abs": "abs({0})", "sign": "sign({0})", "relu": "max({0}, 0)",
             "floor": "{0}", "ceil": "{0}", "round": "{0}"}
 _I_BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "idiv({0}, {1})",
              "max": "max({0}, {1})", "min": "min({0}, {1})", "mod": "imod({0}, {1})",
-             "fmod": "select({0} % {1}, 0, {1} == 0)",
+             "fmod": "ifmod({0}, {1})",
              "pow": "i32(round(pow_f32(f32({0}), f32({1}))))", "bitand": "({0} & {1})", "bitor": "({0} | {1})",
              "bitxor": "({0} ^ {1})", "bitnot": "(~{0})", "shl": "({0} << u32({1}))", "shr": "({0} >> u32({1}))"}
 # Narrow ints live in i32 words; a store wraps them to their logical width, so the next kernel reads the
@@ -244,14 +277,15 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
         body.append("    let c0 = r;")
     loads = []
     decls = []
+    used = expr.inputs()
     for i, (t, st, off) in enumerate(zip(in_types, in_ss, in_offsets, strict=True)):
-        if not alias[i]:
+        if not alias[i] and i in used:  # an unused binding would not be in the pipeline's layout
             decls.append(f"@group(0) @binding({i}) var<storage, read> in{i}: array<{t}>;")
         if i not in direct:
             loads.append("")  # read by `load` only: see gather()
             continue
-        if plain[i] and off == 0:
-            idx = "gid"
+        if plain[i]:
+            idx = "gid" if off == 0 else f"gid + {off}u"  # addressed by the output's linear index
         else:
             terms = [f"c{j} * {s}" for j, s in enumerate(st) if s != 0]
             idx = f"u32({' + '.join([str(off), *terms])})"
@@ -317,6 +351,7 @@ def record_elementwise(be: WgpuBackend, expr: Expr, inputs: list[View], out: Vie
                    out.strides, out.offset, alias, [v.shape for v in inputs], out.dtype)
     pipeline = be.pipeline(f"ew:{expr.op}", src)
     # Bindings are numbered by input position; an input aliasing the output is read through `out`.
-    bindings = {i: v.handle for i, v in enumerate(inputs) if not alias[i]}
+    used = expr.inputs()
+    bindings = {i: v.handle for i, v in enumerate(inputs) if not alias[i] and i in used}
     bindings[len(inputs)] = out.handle
     return [be.dispatch(pipeline, bindings, grid_1d(-(-total // WORKGROUP)), f"ew:{expr.op}")]

@@ -1,0 +1,75 @@
+"""Loop primitives on the GPU (contract: ember.backends.loops): kernels/scan.wgsl, topk.wgsl, scatter.wgsl."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..base import View
+from .backend import WgpuBackend, grid_1d, storage_type
+
+_IDENT = {("sum", "f32"): "0.0", ("sum", "i32"): "0i", ("prod", "f32"): "1.0", ("prod", "i32"): "1i"}
+_COMBINE = {"none": "v", "add": "cur + v", "mul": "cur * v", "max": "max(cur, v)", "min": "min(cur, v)"}
+
+
+def _lines(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+
+
+def _numeric(dtype: Any, what: str) -> str:
+    t = storage_type(dtype)
+    if t == "u32":
+        raise NotImplementedError(f"wgpu {what}: bool tensors are not supported")
+    return t
+
+
+def record_scan(self: WgpuBackend, op: str, x: View, out: View, axis: int, exclusive: bool, reverse: bool,
+                ) -> list[Any]:
+    if not (x.is_contiguous() and out.is_contiguous()):
+        raise ValueError("wgpu scan: views must be contiguous")
+    t = _numeric(x.dtype, "scan")
+    outer, n, inner = _lines(x.shape, axis)
+    if outer * n * inner == 0:
+        return []
+    src = self.kernel_source("scan", T=t, LINES=outer * inner, N=n, INNER=inner, IDENT=_IDENT[op, t],
+                             COMBINE="acc + v" if op == "sum" else "acc * v", EXCLUSIVE=str(exclusive).lower(),
+                             REVERSE=str(reverse).lower(), X_OFF=x.offset, O_OFF=out.offset)
+    pipeline = self.pipeline(f"scan:{op}", src)
+    return [self.dispatch(pipeline, [x.handle, out.handle], grid_1d(-(-(outer * inner) // 256)), f"scan:{op}")]
+
+
+def record_topk(self: WgpuBackend, x: View, values: View, indices: View, axis: int, k: int, largest: bool,
+                ) -> list[Any]:
+    if not (x.is_contiguous() and values.is_contiguous() and indices.is_contiguous()):
+        raise ValueError("wgpu topk: views must be contiguous")
+    t = _numeric(x.dtype, "topk")
+    outer, n, inner = _lines(x.shape, axis)
+    total = outer * n * inner
+    if total == 0 or k == 0:
+        return []
+    src = self.kernel_source("topk", T=t, TOTAL=total, N=n, INNER=inner, K=k, CMP=">" if largest else "<",
+                             X_OFF=x.offset, V_OFF=values.offset, I_OFF=indices.offset)
+    pipeline = self.pipeline("topk", src)
+    return [self.dispatch(pipeline, [x.handle, values.handle, indices.handle], grid_1d(-(-total // 256)), "topk")]
+
+
+def record_scatter(self: WgpuBackend, out: View, offsets: View, updates: View, reduction: str) -> list[Any]:
+    if not (out.is_contiguous() and offsets.is_contiguous() and updates.is_contiguous()):
+        raise ValueError("wgpu scatter: views must be contiguous")
+    t = storage_type(out.dtype)
+    m = updates.size
+    if m == 0 or out.size == 0:
+        return []
+    if t == "u32" and reduction != "none":
+        raise NotImplementedError("wgpu scatter: reductions over bool tensors are not supported")
+    serial = reduction != "none"
+    src = self.kernel_source("scatter", T=t, M=m, SIZE=out.size, COMBINE=_COMBINE[reduction],
+                             SERIAL=str(serial).lower(), OUT_OFF=out.offset, OFF_OFF=offsets.offset,
+                             UPD_OFF=updates.offset)
+    pipeline = self.pipeline(f"scatter:{reduction}", src)
+    grid = (1, 1, 1) if serial else grid_1d(-(-m // 256))
+    return [self.dispatch(pipeline, [offsets.handle, updates.handle, out.handle], grid, f"scatter:{reduction}")]
+
+
+for _name in ("record_scan", "record_topk", "record_scatter"):
+    setattr(WgpuBackend, _name, globals()[_name])
