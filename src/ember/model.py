@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from .backends import ComputeBackend, canonical_name
 from .backends import backend as make_backend
-from .backends import canonical_name
 from .device_array import DeviceArray
 from .ir import Graph
 from .onnx.importer import load
@@ -70,11 +70,12 @@ def cast_feed(name: str, value: Any, expected: np.dtype) -> np.ndarray:
 class Model:
     """A loaded ONNX model bound to one backend. Plans are built once per input-shape signature."""
 
-    def __init__(self, graph: Graph, backend_name: str, source: str, fuse: bool = True, **backend_opts: Any) -> None:
+    def __init__(self, graph: Graph, backend: str | ComputeBackend, source: str, fuse: bool = True,
+                 **backend_opts: Any) -> None:
         self.graph = graph
         self.fuse = fuse
         self.source = source
-        self._be = make_backend(backend_name, **backend_opts)
+        self._be = backend if isinstance(backend, ComputeBackend) else shared_backend(backend, **backend_opts)
         self._plans: dict[tuple, Plan] = {}
         self._lock = threading.Lock()
         self.inputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.inputs]
@@ -200,6 +201,18 @@ class Model:
                 "intermediate_bytes": plan.intermediate_bytes,
                 "intermediate_bytes_without_reuse": plan.intermediate_bytes_without_reuse, **plan.stats}
 
+    def close(self) -> None:
+        """Free the device memory of every plan (weights, intermediates). Called when the model is collected."""
+        plans, self._plans = getattr(self, "_plans", {}), {}
+        for plan in plans.values():
+            plan.free()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the device may be gone already
+            pass
+
     def stats(self) -> dict[str, int]:
         """Which arm ran for each fused pattern ("<pattern>.fused" / "<pattern>.fallback" for rmsnorm,
         layernorm, softmax, gelu, attention): +1 per occurrence per run. Per model, safe under threads."""
@@ -207,14 +220,34 @@ class Model:
             return dict(self._stats)
 
 
-def load_onnx(model: Any, backend: str = "auto", **options: Any) -> Model:
-    """Load an ONNX model (path, bytes or onnx.ModelProto) onto a backend ("auto", "wgpu", "cpu")."""
-    if not (isinstance(backend, str) and backend.lower() == "auto"):
+_SHARED: dict[tuple, ComputeBackend] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_backend(name: str, **opts: Any) -> ComputeBackend:
+    """One backend object (one device) per name and options in a process: models loaded onto it share the
+    device, its pipeline cache, and can pass DeviceArrays to each other."""
+    if isinstance(name, str) and name.lower() == "auto":
+        name = make_backend("auto", **opts).name  # resolves EMBER_BACKEND / the best available
+    key = (canonical_name(name), tuple(sorted(opts.items())))
+    with _SHARED_LOCK:
+        be = _SHARED.get(key)
+        if be is None:
+            be = _SHARED[key] = make_backend(key[0], **opts)
+        return be
+
+
+def load_onnx(model: Any, backend: str | ComputeBackend = "auto", **options: Any) -> Model:
+    """Load an ONNX model (path, bytes or onnx.ModelProto) onto a backend: "auto", "wgpu", "cpu" (models on
+    the same name share one device), or a ComputeBackend object from ember.backend()."""
+    if isinstance(backend, ComputeBackend):
+        backend._require_init()
+    elif not (isinstance(backend, str) and backend.lower() == "auto"):
         backend = canonical_name(backend)
     graph, source = load(model)
     check_supported(graph)
     rewrites = optimize(graph) if options.get("fuse", True) else {}
-    name = backend
+    name = backend.name if isinstance(backend, ComputeBackend) else backend
     try:
         model = Model(graph, backend, source, **options)
         model.rewrites = rewrites

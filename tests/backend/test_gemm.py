@@ -85,6 +85,13 @@ def test_gemm_alpha_beta(be: ember.ComputeBackend, rng: np.random.Generator, alp
     run_gemm(be, rng, True, True, 130, 66, 70, alpha=alpha, beta=beta)
 
 
+@pytest.mark.parametrize("m,n", [(1, 9), (7, 1), (1, 1)])
+def test_gemm_beta_c_single_row_or_column(be: ember.ComputeBackend, rng: np.random.Generator, m: int, n: int) -> None:
+    """beta * C with a size-1 dim: C's view of out is out itself whatever the size-1 dim's stride says."""
+    run_gemm(be, rng, False, False, m, n, 5, beta=0.5, pad_c=2)
+    run_gemm(be, rng, True, True, m, n, 130, alpha=2.0, beta=-1.0)
+
+
 def test_gemm_tile_configs(be: ember.ComputeBackend, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every generated tile shape, forced, with and without split K, with edges in M, N and K, both layouts."""
     if be.name != "wgpu":
@@ -289,6 +296,91 @@ def test_checked_shaders_agree(rng: np.random.Generator, monkeypatch: pytest.Mon
     assert checked.checked
     run_gemm(checked, rng, False, True, 70, 129, 33, beta=0.5, pad_a=1)
     run_gemm(checked, rng, True, False, 64, 64, 16, pad_b=4)
+
+
+# ---- operands above the adapter's max storage-buffer binding size -------------------------------------------------
+def limit_bindings(be: ember.ComputeBackend, monkeypatch: pytest.MonkeyPatch, limit: int) -> list[str]:
+    """On wgpu: lower the max binding size to `limit` bytes (as if the adapter had that limit) and check every
+    dispatch's bindings against it and the offset alignment; returns the labels of the dispatches recorded."""
+    labels: list[str] = []
+    if be.name != "wgpu":
+        return labels
+    be.free(be.alloc(4))  # the device exists (limits read)
+    align = int(be.limits["min-storage-buffer-offset-alignment"])
+    monkeypatch.setattr(be, "max_binding", limit)
+    real = be.dispatch
+
+    def dispatch(pipeline, buffers, grid, label=""):
+        for b in (buffers.values() if isinstance(buffers, dict) else buffers):
+            if isinstance(b, tuple):
+                _, offset, size = b
+                assert offset % align == 0 and size % 4 == 0 and 0 < size <= limit, (label, offset, size)
+            else:
+                assert (be.buffer(b) if isinstance(b, int) else b).size <= limit, label
+        labels.append(label)
+        return real(pipeline, buffers, grid, label)
+
+    monkeypatch.setattr(be, "dispatch", dispatch)
+    return labels
+
+
+def kernels(labels: list[str]) -> int:
+    return sum(not lab.endswith("splitk_reduce") for lab in labels)
+
+
+@pytest.mark.parametrize("ta,tb,m,n,k,beta,pads,parts", [
+    (False, True, 3, 700, 600, 0.0, (0, 0, 0), 8),  # a fully connected layer (Gemm transB=1): B split by columns
+    (False, True, 2, 701, 301, 0.5, (1, 3, 2), 4),  # ... unaligned leading dims and row starts
+    (False, False, 5, 700, 600, 0.5, (0, 0, 3), 8),  # B row-major: split along K, partial sums through out
+    (True, False, 700, 9, 600, 1.0, (2, 1, 0), 8),  # A transposed: split along K
+    (False, False, 700, 600, 8, -1.0, (0, 0, 4), 8),  # C (read and written) too big: split by rows
+])
+def test_gemm_above_binding_limit(be: ember.ComputeBackend, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch,
+                                  ta: bool, tb: bool, m: int, n: int, k: int, beta: float, pads: tuple[int, int, int],
+                                  parts: int) -> None:
+    """A buffer bigger than max-storage-buffer-binding-size (lowered to 256 KiB here; VGG19's 411 MB weight
+    against lavapipe's 128 MiB for real): each dispatch binds an aligned sub-range of at most that much."""
+    labels = limit_bindings(be, monkeypatch, 256 * 1024)
+    run_gemm(be, rng, ta, tb, m, n, k, alpha=0.75, beta=beta, pad_a=pads[0], pad_b=pads[1], pad_c=pads[2])
+    if be.name == "wgpu":
+        assert kernels(labels) == parts, labels
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "reversed"])
+def test_matmul_above_binding_limit(be: ember.ComputeBackend, rng: np.random.Generator,
+                                    monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    """Batched, with bias and an activation that must see the whole K sum (relu of partial sums would differ);
+    B at an odd offset in its buffer; negative strides (the strided kernel) split too."""
+    nb, m, n, k = 3, 20, 150, 140
+    labels = limit_bindings(be, monkeypatch, 64 * 1024)
+    b = rng.standard_normal(7 + nb * k * n).astype(np.float32)
+    strides = {"nn": (k * n, n, 1), "nt": (k * n, 1, k), "reversed": (k * n, 1, -k)}[layout]
+    off = 7 + (n - 1) * k if layout == "reversed" else 7
+    a = rng.standard_normal((nb, m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    got, ref = matmul_case(be, a, lambda h: View.contiguous(h, F32, a.shape), b,
+                           lambda h: View(h, F32, (nb, k, n), strides, off), (nb, m, n), bias=bias,
+                           bias_view=lambda h: View.contiguous(h, F32, (n,)), alpha=0.5, beta=1.5,
+                           act=call("relu", inp(0)))
+    assert rel_err(got, ref) <= TOL
+    if be.name == "wgpu":
+        assert kernels(labels) > 1, labels
+
+
+def test_matmul_binding_limit_unsplittable(be: ember.ComputeBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Operands of one buffer share its binding: a and b 16 KB apart under a 1 KiB limit cannot be split apart,
+    and that is reported, not mis-bound."""
+    if be.name != "wgpu":
+        pytest.skip("wgpu binding limit")
+    limit_bindings(be, monkeypatch, 1024)
+    h, ho = be.alloc(4 * 4096), be.alloc(16)
+    try:
+        with pytest.raises(NotImplementedError, match="max-storage-buffer-binding-size"):
+            be.record_matmul(View.contiguous(h, F32, (1, 1, 1)), View.contiguous(h, F32, (1, 1, 1), 4000),
+                             View.contiguous(ho, F32, (1, 1, 1)))
+    finally:
+        be.free(h)
+        be.free(ho)
 
 
 # ---- the error contract ----------------------------------------------------------------------------------------

@@ -197,15 +197,14 @@ def test_device_arrays_chain_models(conv_model, backend_name) -> None:
     first = ember.load_onnx(make_model([helper.make_node("Mul", ["a", "a"], ["y"])], [vi("a", [2, 3, 8, 8])],
                                        [vi("y", [2, 3, 8, 8])]), backend=backend_name)
     second = ember.load_onnx(conv_model, backend=backend_name)
-    second._be = first.compute_backend  # share one device: device arrays belong to a backend object
-    second._plans.clear()
+    assert second.compute_backend is first.compute_backend  # models on one backend name share its device
     x = np.random.rand(2, 3, 8, 8).astype(np.float32)
     mid = first.run({"a": x}, keep_on_device=True)["y"]
     assert isinstance(mid, ember.DeviceArray) and mid.shape == (2, 3, 8, 8) and mid.dtype == np.float32
     np.testing.assert_allclose(mid.numpy(), x * x, rtol=1e-6)
     out = second.run({"x": mid})["y"]
     np.testing.assert_allclose(out, reference(conv_model, {"x": x * x})[0], rtol=1e-4, atol=1e-5)
-    other = ember.load_onnx(conv_model, backend=backend_name)
+    other = ember.load_onnx(conv_model, backend=ember.backend(backend_name))  # a backend object of its own
     with pytest.raises(ValueError, match="device array of another backend"):
         other.run({"x": mid})
 

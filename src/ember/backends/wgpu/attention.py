@@ -1,4 +1,10 @@
-"""Fused attention: kernels/attention.wgsl with shapes, tile sizes and head_dim baked in.
+"""Fused attention: kernels/attention.wgsl with shapes, strides, tile sizes and head_dim baked in.
+
+record_attention_views takes q, k, v, out as strided 4-D Views (B, H, S, D) (transposes, slices of a packed
+QKV buffer, negative strides), k/v with fewer heads than q (grouped-query attention), and an optional additive
+mask View broadcast to (B, Hq, Sq, Skv) (any strides, 0 included) bound as its own buffer; record_attention is
+the contiguous special case. Rows are read and written as vec4s where head_dim is unit-stride and every row
+starts 16-byte aligned, else element by element. A row whose scores are all -inf (mask or causal) gives zeros.
 
 Tiles: a workgroup of GY x GX threads owns BQ = GY * RQ query rows and walks the keys BK = GX * RK at a time;
 each thread holds an RQ x RK register tile of scores and RQ rows of its head_dim chunks. The largest tile
@@ -10,8 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..base import View
 from .backend import WgpuBackend, grid_1d
 from .elementwise import float_literal
+from .matmul import F32, Window, binding_windows, check_no_overlap, check_view, rebase_view, require_f32
 
 MAX_HEAD_DIM = 256
 # (GY, GX, RQ, RK), best first: more rows and keys per thread reuse each workgroup-memory read more.
@@ -44,32 +52,50 @@ def pick_tile(seq_q: int, rs: int, limit: int) -> tuple[int, int, int, int]:
                               "of workgroup storage")
 
 
-def _row_io(name: str, d: int, vec: bool) -> str:
+def lin(base: int | str, terms: list[tuple[str, int]]) -> str:
+    """A u32 WGSL expression for base + sum(var * stride). Negative strides are subtracted after the positive
+    terms are added, so for an element inside a view (never below 0) no intermediate wraps."""
+    pos = [f"{base}u" if isinstance(base, int) else base] if base != 0 else []
+    neg = []
+    for var, s in terms:
+        if s:
+            (pos if s > 0 else neg).append(var if abs(s) == 1 else f"{var} * {abs(s)}u")
+    expr = " + ".join(pos) or "0u"
+    if neg:
+        expr = (f"({expr})" if len(pos) > 1 else expr) + "".join(f" - {t}" if " " not in t else f" - ({t})"
+                                                                for t in neg)
+    return expr
+
+
+def _row_io(name: str, vec: bool, sd: int) -> str:
     if vec:
         return f"    return {name}[base / 4u + c];"
     return "\n".join([
         "    var x = vec4<f32>(0.0);",
         "    for (var i = 0u; i < 4u; i++) {",
         "        let d = c * 4u + i;",
-        f"        if (d < D) {{ x[i] = {name}[base + d]; }}",
+        f"        if (d < D) {{ x[i] = {name}[{lin('base', [('d', sd)])}]; }}",
         "    }",
         "    return x;",
     ])
 
 
-def _store(vec: bool) -> str:
+def _store(name: str, vec: bool, sd: int) -> str:
     if vec:
-        return "    o[base / 4u + c] = x;"
+        return f"    {name}[base / 4u + c] = x;"
     return "\n".join([
         "    for (var i = 0u; i < 4u; i++) {",
         "        let d = c * 4u + i;",
-        "        if (d < D) { o[base + d] = x[i]; }",
+        f"        if (d < D) {{ {name}[{lin('base', [('d', sd)])}] = x[i]; }}",
         "    }",
     ])
 
 
-def _body(gx: int, rq: int, rk: int, nc: int, d4: int, causal: bool, off: int) -> dict[str, str]:
-    """The unrolled parts of the kernel: register tiles of RQ rows x RK keys and RQ rows x NC chunks."""
+def _body(gx: int, rq: int, rk: int, nc: int, d4: int, causal: bool, off: int, osi: int,
+          mask: tuple[str, int, int] | None) -> dict[str, str]:
+    """The unrolled parts of the kernel: register tiles of RQ rows x RK keys and RQ rows x NC chunks.
+
+    osi: the output's row stride; mask: (binding, row stride, key stride) of the additive mask, or None."""
     rows, keys, chunks = range(rq), range(rk), range(nc)
 
     def chunk_guarded(n: int, stmt: str) -> str:
@@ -81,6 +107,8 @@ def _body(gx: int, rq: int, rk: int, nc: int, d4: int, causal: bool, off: int) -
                  f"    var m{i} = neg_inf();  // running max of the row's scores",
                  f"    var l{i} = 0.0;  // this lane's part of the running sum of exp(score - m)"]
         decl += [f"    var acc{i}_{n} = vec4<f32>(0.0);" for n in chunks]
+        if mask is not None and (mask[1] or i == 0):
+            decl.append(f"    let mr{i} = {lin('mb', [(f'min(qi{i}, SQL)', mask[1])])};  // the row's mask")
 
     sc = [f"        var s{i}_{k} = 0.0;" for i in rows for k in keys]
     sc.append("        for (var c = 0u; c < D4; c++) {")
@@ -90,6 +118,14 @@ def _body(gx: int, rq: int, rk: int, nc: int, d4: int, causal: bool, off: int) -
     sc.append("        }")
     for k in keys:
         sc.append(f"        let jg{k} = j0 + tx + {k * gx}u;")
+    if mask is not None:
+        sc += [f"        let mk{k} = min(jg{k}, SKL);" for k in keys]
+        if mask[1]:
+            sc += [f"        s{i}_{k} += {mask[0]}[{lin(f'mr{i}', [(f'mk{k}', mask[2])])}];"
+                   for i in rows for k in keys]
+        else:  # one mask row for every query (a key padding mask): one load per key
+            sc += [f"        let mv{k} = {mask[0]}[{lin('mr0', [(f'mk{k}', mask[2])])}];" for k in keys]
+            sc += [f"        s{i}_{k} += mv{k};" for i in rows for k in keys]
     for i in rows:
         for k in keys:
             vis = f"jg{k} < SKV" + (f" && (i32(jg{k}) <= i32(qi{i}) + ({off}))" if causal else "")
@@ -124,18 +160,100 @@ def _body(gx: int, rq: int, rk: int, nc: int, d4: int, causal: bool, off: int) -
                 f"    for (var l = 0u; l < GX; l++) {{ lt{i} += red[r{i} * GX + l]; }}",
                 f"    if (qi{i} < SQ) {{",
                 f"        let inv = select(0.0, 1.0 / lt{i}, lt{i} > 0.0);",
-                f"        let obase = (bh * SQ + qi{i}) * D;"]
+                f"        let obase = {lin('ob', [(f'qi{i}', osi)])};"]
         fin += ["        " + chunk_guarded(n, f"store_o(obase, tx + {n * gx}u, acc{i}_{n} * inv);") for n in chunks]
         fin.append("    }")
     return {"STATE_DECL": "\n".join(decl), "SCORES": "\n".join(sc), "SOFTMAX": "\n".join(sm), "PV": "\n".join(pv),
             "FINAL": "\n".join(fin)}
 
 
-def record_attention(be: WgpuBackend, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
-                     seq_kv: int, head_dim: int, scale: float, causal: bool) -> list[Any]:
-    if head_dim > MAX_HEAD_DIM:
-        raise NotImplementedError(f"wgpu attention: head_dim {head_dim} > {MAX_HEAD_DIM}")
-    d = head_dim
+def _vec4_ok(v: View) -> bool:
+    """Rows of v can be read or written as whole vec4s: unit-stride head_dim of a multiple of 4 elements, and
+    every row starts at a multiple of 4 (strides of size-1 dims are 0 by then)."""
+    return v.shape[3] % 4 == 0 and v.strides[3] == 1 and all(s % 4 == 0 for s in (v.offset, *v.strides[:3]))
+
+
+def _squeeze_strides(v: View) -> View:
+    """The same view with the strides of size-1 dims set to 0 (they never move an index)."""
+    return View(v.handle, v.dtype, v.shape, tuple(0 if d == 1 else s for d, s in zip(v.shape, v.strides, strict=True)),
+                v.offset)
+
+
+def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
+                           causal: bool) -> list[Any]:
+    require_f32("attention", q=q, k=k, v=v, mask=mask, out=out)
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("mask", mask)):
+        if x is not None and len(x.shape) != 4:
+            raise ValueError(f"attention: {name} must be a 4-D view (B, H, S, D), got shape {x.shape}")
+    batch, hq, seq_q, d = q.shape
+    hkv, seq_kv = k.shape[1], k.shape[2]
+    if v.shape[3] != d:
+        raise NotImplementedError(f"wgpu attention: v head_dim {v.shape[3]} != q head_dim {d}")
+    if (k.shape != (batch, hkv, seq_kv, d) or v.shape != k.shape or out.shape != q.shape or hkv < 1
+            or hq % hkv):
+        raise ValueError(f"attention: shapes q {q.shape}, k {k.shape}, v {v.shape} -> out {out.shape} do not "
+                         "match (B, Hq, Sq, D), (B, Hkv, Skv, D) x 2 -> (B, Hq, Sq, D) with Hq a multiple of Hkv")
+    if mask is not None and mask.shape != (batch, hq, seq_q, seq_kv):
+        raise ValueError(f"attention: mask shape {mask.shape} is not (B, Hq, Sq, Skv) = "
+                         f"{(batch, hq, seq_q, seq_kv)}")
+    if d > MAX_HEAD_DIM:
+        raise NotImplementedError(f"wgpu attention: head_dim {d} > {MAX_HEAD_DIM}")
+    if out.size == 0:
+        return []
+    scale = float(scale)
+    for name, x in (("q", q), ("k", k), ("v", v), ("mask", mask), ("out", out)):
+        if x is not None:
+            check_view(be, x, name)
+    if any(s == 0 for dim, s in zip(out.shape, out.strides, strict=True) if dim > 1):
+        raise ValueError(f"out: a broadcast (stride 0) output view {out.strides} would write elements twice")
+    for name, x in (("q", q), ("k", k), ("v", v), ("mask", mask)):
+        if x is not None:
+            check_no_overlap(x, out, name)
+    if seq_kv == 0:  # nothing to read: keep k, v and the mask out of the address arithmetic
+        k = View(k.handle, k.dtype, k.shape, (0, 0, 0, 0), 0)
+        v = View(v.handle, v.dtype, v.shape, (0, 0, 0, 0), 0)
+        mask = None
+    # An allocation above the max binding size binds just the bytes a view touches (its offsets then count from
+    # there): each read-only input its own range (one buffer may be bound read-only several times), the output
+    # one range covering whatever reads through it.
+    inputs = [x for x in (q, k, v, mask) if x is not None]
+    ow = binding_windows(be, [out, *(x for x in inputs if x.handle == out.handle)]).get(out.handle)
+    wins = [ow if x.handle == out.handle else binding_windows(be, [x]).get(x.handle) for x in inputs]
+    if any(w is not None and w[1] > be.max_binding for w in (ow, *wins)):
+        raise NotImplementedError(f"wgpu attention: an operand spans more than max-storage-buffer-binding-size "
+                                  f"({be.max_binding} bytes)")
+
+    def place(x: View, w: Window | None) -> View:
+        return _squeeze_strides(x if w is None else rebase_view(x, {x.handle: w}))
+
+    q, k, v = (place(x, w) for x, w in zip(inputs[:3], wins[:3], strict=True))
+    mask = place(mask, wins[3]) if mask is not None else None
+    qw, kw, vw = wins[:3]
+    mw = wins[3] if mask is not None else None
+    out = place(out, ow)
+
+    # One read-only binding per (buffer, range, element type); an input in the output's buffer reads through `o`
+    # (WebGPU forbids binding one buffer read-only and writable in one dispatch), all scalar then.
+    shared = any(x.handle == out.handle for x in inputs)
+    out_vec = _vec4_ok(out) and not shared
+    reads: dict[tuple[int, Window | None, bool], str] = {}
+
+    def bind(x: View, w: Window | None, vec: bool) -> tuple[str, bool]:
+        if x.handle == out.handle:
+            return "o", False
+        return reads.setdefault((x.handle, w, vec), f"in{len(reads)}"), vec
+
+    qn, qvec = bind(q, qw, _vec4_ok(q))
+    kn, kvec = bind(k, kw, _vec4_ok(k))
+    vn, vvec = bind(v, vw, _vec4_ok(v))
+    mn = bind(mask, mw, False)[0] if mask is not None else None
+    decls = [f"@group(0) @binding({i}) var<storage, read> {name}: array<{'vec4<f32>' if vec else 'f32'}>;"
+             for i, ((_, _, vec), name) in enumerate(reads.items())]
+    decls.append(f"@group(0) @binding({len(reads)}) var<storage, read_write> o: "
+                 f"array<{'vec4<f32>' if out_vec else 'f32'}>;")
+    buffers: dict[int, Any] = {i: h if w is None else (h, *w) for i, (h, w, _) in enumerate(reads)}
+    buffers[len(reads)] = out.handle if ow is None else (out.handle, *ow)
+
     d4 = -(-d // 4)
     rs = d4 | 1
     limit = int(be.limits.get("max-compute-workgroup-storage-size", 16384))
@@ -143,17 +261,44 @@ def record_attention(be: WgpuBackend, q: int, k: int, v: int, o: int, batch: int
     bq, bk = gy * rq, gx * rk
     nc = -(-d4 // gx)
     qblocks = -(-seq_q // bq)
-    groups = batch * heads * qblocks
-    vec = d % 4 == 0
+    groups = batch * hq * qblocks
     off = seq_kv - seq_q
     kend = f"u32(clamp(i32(q0 + BQ) + ({off}), 0, i32(SKV)))" if causal else "SKV"
+    bases = [f"    let qb = {lin(q.offset, [('b', q.strides[0]), ('h', q.strides[1])])};",
+             f"    let kb = {lin(k.offset, [('b', k.strides[0]), ('hk', k.strides[1])])};",
+             f"    let vb = {lin(v.offset, [('b', v.strides[0]), ('hk', v.strides[1])])};",
+             f"    let ob = {lin(out.offset, [('b', out.strides[0]), ('h', out.strides[1])])};"]
+    if mask is not None:
+        bases.append(f"    let mb = {lin(mask.offset, [('b', mask.strides[0]), ('h', mask.strides[1])])};")
+
+    def desc(name: str, x: View | None) -> str:
+        if x is None:
+            return f"// {name}: none"
+        return f"// {name}: shape {x.shape}, strides {x.strides}, offset {x.offset}"
+
+    header = "\n".join([f"// This instance: scale {scale!r}, causal {causal}, {gy}x{gx} threads of {rq}x{rk} scores.",
+                        desc("q", q), desc("k", k), desc("v", v), desc("mask", mask), desc("out", out)])
     src = be.kernel_source(
-        "attention", VT="vec4<f32>" if vec else "f32", SQ=seq_q, SKV=seq_kv, D=d, D4=d4, RS=rs, GX=gx, BQ=bq,
-        BQP=bq | 1, BK=bk, WG=gy * gx, QBLOCKS=qblocks, GROUPS=groups, SCALE=float_literal(scale),
+        "attention", HEADER=header, BINDINGS="\n".join(decls), SQ=seq_q, SKV=seq_kv, SQL=seq_q - 1,
+        SKL=max(seq_kv - 1, 0), HQ=hq, REP=hq // hkv, D=d, D4=d4, RS=rs, GX=gx, BQ=bq, BQP=bq | 1, BK=bk,
+        WG=gy * gx, QBLOCKS=qblocks, GROUPS=groups, SCALE=float_literal(scale),
         QS_SIZE=bq * rs, KV_SIZE=bk * rs, PS_SIZE=bk * (bq | 1), RED_SIZE=bq * gx,
-        LOAD_Q=_row_io("q", d, vec), LOAD_K=_row_io("k", d, vec), LOAD_V=_row_io("v", d, vec), STORE_O=_store(vec),
-        KEND=kend, **_body(gx, rq, rk, nc, d4, causal, off),
+        LOAD_Q=_row_io(qn, qvec, q.strides[3]), LOAD_K=_row_io(kn, kvec, k.strides[3]),
+        LOAD_V=_row_io(vn, vvec, v.strides[3]), STORE_O=_store("o", out_vec, out.strides[3]), BASES="\n".join(bases),
+        Q_ROW=lin("qb", [("min(i, SQL)", q.strides[2])]), K_ROW=lin("kb", [("min(j0 + j, SKL)", k.strides[2])]),
+        V_ROW=lin("vb", [("min(j0 + j, SKL)", v.strides[2])]), KEND=kend,
+        **_body(gx, rq, rk, nc, d4, causal, off, out.strides[2],
+                (mn, mask.strides[2], mask.strides[3]) if mask is not None else None),
     )
     label = "attention"
     pipe = be.pipeline(label, src)
-    return [be.dispatch(pipe, [q, k, v, o], grid_1d(groups), label)]
+    return [be.dispatch(pipe, buffers, grid_1d(groups), label)]
+
+
+def record_attention(be: WgpuBackend, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
+                     seq_kv: int, head_dim: int, scale: float, causal: bool) -> list[Any]:
+    """Attention over contiguous (batch, heads, seq, head_dim) allocations."""
+    qshape, kvshape = (batch, heads, seq_q, head_dim), (batch, heads, seq_kv, head_dim)
+    return record_attention_views(be, View.contiguous(q, F32, qshape), View.contiguous(k, F32, kvshape),
+                                  View.contiguous(v, F32, kvshape), None, View.contiguous(o, F32, qshape), scale,
+                                  causal)

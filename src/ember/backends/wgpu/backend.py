@@ -182,16 +182,19 @@ class WgpuBackend(ComputeBackend):
     def dispatch(self, pipeline: Any, buffers: list[Any] | dict[int, Any], grid: tuple[int, int, int],
                  label: str = "") -> Dispatch:
         """A recorded dispatch; `buffers` (handles or GPUBuffers) are bound at 0, 1, 2, ... of group 0,
-        or at the binding numbers a dict gives."""
+        or at the binding numbers a dict gives. An entry (handle or GPUBuffer, byte offset, byte size) binds
+        that sub-range only (offset a multiple of min-storage-buffer-offset-alignment, size of 4)."""
         entries = []
         items = buffers.items() if isinstance(buffers, dict) else enumerate(buffers)
         for i, b in items:
+            b, offset, size = b if isinstance(b, tuple) else (b, 0, None)
             buf = self._bufs[b] if isinstance(b, int) else b
-            if buf.size > self.max_binding:
+            size = buf.size - offset if size is None else size
+            if size > self.max_binding:
                 raise NotImplementedError(
-                    f"wgpu: kernel {label!r} binds a {buf.size}-byte buffer, above this adapter's "
+                    f"wgpu: kernel {label!r} binds {size} bytes of a buffer, above this adapter's "
                     f"max-storage-buffer-binding-size {self.max_binding}")
-            entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
+            entries.append({"binding": i, "resource": {"buffer": buf, "offset": offset, "size": size}})
         group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
         if max(grid) > WORKGROUPS_PER_DIM:
             raise AssertionError(f"kernel {label!r}: grid {grid} exceeds 65,535 workgroups per dimension")
@@ -311,6 +314,12 @@ class WgpuBackend(ComputeBackend):
         from .attention import record_attention
 
         return record_attention(self, q, k, v, o, batch, heads, seq_q, seq_kv, head_dim, scale, causal)
+
+    def record_attention_views(self, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
+                               causal: bool) -> list:
+        from .attention import record_attention_views
+
+        return record_attention_views(self, q, k, v, mask, out, scale, causal)
 
     def record_norm(self, kind: str, x: View, scale: View | None, bias: View | None, out: View, n: int,
                     eps: float) -> list:

@@ -15,7 +15,8 @@ Two kernels:
 
 Operands are bound once per distinct buffer; one that shares the output's buffer (gemm's beta * C, or an
 arena) is read through the read_write output binding, since WebGPU forbids binding a buffer both read-only
-and writable in one dispatch.
+and writable in one dispatch. A buffer above the adapter's max storage-buffer binding size is bound as the
+aligned byte range its views touch; a problem needing more than that is split (see record_split).
 """
 
 from __future__ import annotations
@@ -115,11 +116,15 @@ class Binding:
 
 
 class Bindings:
-    """One binding per distinct buffer; operands in the output's buffer read through `out` (read_write)."""
+    """One binding per distinct buffer; operands in the output's buffer read through `out` (read_write).
 
-    def __init__(self, out_handle: Any) -> None:
+    `windows` maps an allocation handle to the (byte offset, byte size) sub-range to bind instead of the whole
+    buffer (see binding_windows); the kernel's view offsets must be relative to that sub-range."""
+
+    def __init__(self, out_handle: Any, windows: dict[int, tuple[int, int]] | None = None) -> None:
         self.out_handle = out_handle
         self.reads: dict[int, Binding] = {}
+        self.windows = windows or {}
 
     def add(self, handle: int, vec4: bool) -> bool:
         """Register a reader; returns whether it may use vec4 loads (not through the scalar output binding)."""
@@ -158,9 +163,14 @@ class Bindings:
         return lines
 
     def buffers(self) -> dict[int, Any]:
-        d = {i: b.handle for i, b in enumerate(self.reads.values())}
-        d[len(self.reads)] = self.out_handle
+        """Binding number -> handle, GPUBuffer, or (handle, byte offset, byte size) for a windowed one."""
+        d = {i: self._resource(b.handle) for i, b in enumerate(self.reads.values())}
+        d[len(self.reads)] = self._resource(self.out_handle)
         return d
+
+    def _resource(self, handle: Any) -> Any:
+        w = self.windows.get(handle) if isinstance(handle, int) else None
+        return handle if w is None else (handle, *w)
 
 
 # ---- the epilogue: out[z, m, n] = act(alpha * acc + beta * bias[z, m, n]) -----------------------------------
@@ -562,12 +572,13 @@ EpilogueFactory = Callable[[Bindings, bool, bool], Epilogue]
 
 def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handle: int,
                        make_a: LoaderFactory, make_b: LoaderFactory, make_epilogue: EpilogueFactory,
-                       notes: list[str]) -> list:
-    """Plan (tile, K splits) and record the tiled kernel, plus the split-K reduce kernel when K is split."""
+                       notes: list[str], windows: dict[int, tuple[int, int]] | None = None) -> list:
+    """Plan (tile, K splits) and record the tiled kernel, plus the split-K reduce kernel when K is split.
+    `windows`: sub-ranges to bind of big allocations (Bindings); the loaders' offsets are relative to them."""
     tile, splits = plan_gemm(be, m, n, k, z)
     guard_m, guard_n = m % tile.bm != 0, n % tile.bn != 0
     if splits == 1:
-        binds = Bindings(out_handle)
+        binds = Bindings(out_handle, windows)
         la, lb = make_a(binds, tile), make_b(binds, tile)
         ep = make_epilogue(binds, guard_m, guard_n)
         return GemmProblem(name, tile, m, n, k, z, la, lb, ep, binds, notes=notes).record(be)
@@ -575,12 +586,12 @@ def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: in
     total = z * m * n
     scratch = be.device.create_buffer(size=-(-splits * total * 4 // 16) * 16, usage=wgpu.BufferUsage.STORAGE,
                                       label=f"{name} split-K partial sums")
-    binds = Bindings(scratch)
+    binds = Bindings(scratch, windows)
     la, lb = make_a(binds, tile), make_b(binds, tile)
     conds = ([f"m >= {u(m)}"] if guard_m else []) + ([f"n >= {u(n)}"] if guard_n else [])
     partial = Epilogue(f"(z * {u(m)} + m) * {u(n)} + n", guard=" || ".join(conds) or None)
     steps = GemmProblem(name, tile, m, n, k, z, la, lb, partial, binds, notes=notes, splits=splits).record(be)
-    rbinds = Bindings(out_handle)
+    rbinds = Bindings(out_handle, windows)
     rbinds.add(scratch, False)
     ep = make_epilogue(rbinds, False, False)
     groups = math.ceil(total / REDUCE_WORKGROUP)
@@ -626,6 +637,102 @@ def record_strided(be: WgpuBackend, a: View, b: View, out: View, ep: Epilogue, b
     return [be.dispatch(be.pipeline(label, src), binds.buffers(), grid, label)]
 
 
+# ---- buffers above the adapter's max storage-buffer binding size ------------------------------------------------
+# A dispatch may bind at most `be.max_binding` bytes of a buffer (lavapipe: 128 MiB; VGG19's first FC weight is
+# 411 MB). A view into a bigger allocation binds just the aligned byte range it touches (a *window*: offsets
+# multiples of min-storage-buffer-offset-alignment and of 16, so vec4 indexing keeps its phase; the end rounded up
+# to 16 bytes, so a vec4 read of a partial last quad stays inside the binding). A problem whose windows are still
+# too big is halved along N, M, Z or K, whichever shrinks the excess most (N first on ties), and each half recorded
+# on its own; K halves run one after the other, the second adding to the first's output through bias = out, and
+# only the last applies the activation.
+Window = tuple[int, int]  # (byte offset, byte size) of a binding
+
+
+def binding_windows(be: WgpuBackend, views: list[View | None]) -> dict[int, Window]:
+    """For each allocation bigger than be.max_binding, the aligned byte range covering every view into it (views of
+    one buffer share its binding)."""
+    spans: dict[int, tuple[int, int]] = {}
+    for v in views:
+        if v is None or v.size == 0:
+            continue
+        lo, hi = view_span(v)
+        if v.handle in spans:
+            lo, hi = min(lo, spans[v.handle][0]), max(hi, spans[v.handle][1])
+        spans[v.handle] = (lo, hi)
+    align = max(16, int(be.limits.get("min-storage-buffer-offset-alignment", 256)))
+    windows = {}
+    for h, (lo, hi) in spans.items():
+        size = be.buffer(h).size
+        if size > be.max_binding:
+            start = lo * 4 // align * align
+            windows[h] = (start, min(size, -(-(hi + 1) * 4 // 16) * 16) - start)
+    return windows
+
+
+def _excess(be: WgpuBackend, views: tuple[View | None, ...]) -> int:
+    return sum(max(0, size - be.max_binding) for _, size in binding_windows(be, list(views)).values())
+
+
+def rebase_view(v: View | None, windows: dict[int, Window]) -> View | None:
+    """v with its offset counted from the start of its buffer's window."""
+    if v is None or v.handle not in windows:
+        return v
+    return View(v.handle, v.dtype, v.shape, v.strides, v.offset - windows[v.handle][0] // 4)
+
+
+def _narrow(v: View | None, dim: int, start: int, length: int) -> View | None:
+    if v is None:
+        return None
+    shape = v.shape[:dim] + (length,) + v.shape[dim + 1:]
+    return View(v.handle, v.dtype, shape, v.strides, v.offset + start * v.strides[dim])
+
+
+def _halves(a: View, b: View, out: View, bias: View | None, dim: str) -> list[tuple[View, View, View, View | None]]:
+    """The two halves of a (B, M, K) @ (B, K, N) problem along dim z, m, n or k (k: out and bias are shared)."""
+    nb, m, k = a.shape
+    size = {"z": nb, "m": m, "n": b.shape[2], "k": k}[dim]
+    parts = []
+    for start, length in ((0, size // 2), (size // 2, size - size // 2)):
+        if dim == "z":
+            parts.append(tuple(_narrow(v, 0, start, length) for v in (a, b, out, bias)))
+        elif dim == "m":
+            parts.append((_narrow(a, 1, start, length), b, _narrow(out, 1, start, length),
+                          _narrow(bias, 1, start, length)))
+        elif dim == "n":
+            parts.append((a, _narrow(b, 2, start, length), _narrow(out, 2, start, length),
+                          _narrow(bias, 2, start, length)))
+        else:
+            parts.append((_narrow(a, 2, start, length), _narrow(b, 1, start, length), out, bias))
+    return parts
+
+
+def record_split(be: WgpuBackend, a: View, b: View, out: View, bias: View | None, alpha: float, beta: float,
+                 act: Expr | None) -> list:
+    """Record a matmul whose operands need more than be.max_binding bytes of some buffer as two halves."""
+    nb, m, k = a.shape
+    now = _excess(be, (a, b, out, bias))
+    best = None
+    for dim, size in (("n", b.shape[2]), ("m", m), ("z", nb), ("k", k)):
+        if size >= 2:
+            parts = _halves(a, b, out, bias, dim)
+            cost = max(_excess(be, p) for p in parts)
+            if best is None or cost < best[0]:
+                best = (cost, dim, parts)
+    if best is None or best[0] >= now:
+        raise NotImplementedError(
+            f"wgpu matmul: a {a.shape} @ b {b.shape} needs more than max-storage-buffer-binding-size "
+            f"({be.max_binding} bytes) of one buffer, and no split of it binds less")
+    _, dim, parts = best
+    if dim == "k":
+        (a0, b0, _, _), (a1, b1, _, _) = parts
+        return (record_matmul(be, a0, b0, out, alpha=alpha, bias=bias, beta=beta)
+                + record_matmul(be, a1, b1, out, alpha=alpha, bias=out, beta=1.0, act=act))
+    steps = []
+    for pa, pb, po, pbias in parts:
+        steps += record_matmul(be, pa, pb, po, alpha=alpha, bias=pbias, beta=beta, act=act)
+    return steps
+
+
 # ---- entry point ---------------------------------------------------------------------------------------------
 def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
                   beta: float = 1.0, act: Expr | None = None) -> list:
@@ -653,10 +760,18 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
         raise ValueError(f"out: a broadcast (stride 0) output view {out.strides} would write elements twice")
     check_no_overlap(a, out, "a")
     check_no_overlap(b, out, "b")
-    if bias is not None and bias.handle == out.handle and (bias.strides, bias.offset) != (out.strides, out.offset):
+    # bias may be out itself (gemm's beta * C; split K's running sum): the same elements, whatever the strides of
+    # size-1 dims say; anything else in out's buffer must stay clear of it.
+    if bias is not None and bias.handle == out.handle and (bias.offset != out.offset or any(
+            s != t for d, s, t in zip(out.shape, bias.strides, out.strides, strict=True) if d > 1)):
         check_no_overlap(bias, out, "bias")
 
-    binds = Bindings(out.handle)
+    windows = binding_windows(be, [a, b, out, bias])
+    if any(size > be.max_binding for _, size in windows.values()):
+        return record_split(be, a, b, out, bias, alpha, beta, act)
+    if windows:
+        a, b, out, bias = (rebase_view(v, windows) for v in (a, b, out, bias))
+    binds = Bindings(out.handle, windows)
     a_unit = (k == 1 or a.strides[2] == 1 or m == 1 or a.strides[1] == 1)
     b_unit = (n == 1 or b.strides[2] == 1 or k == 1 or b.strides[1] == 1)
     if not (a_unit and b_unit) or any(s < 0 for s in a.strides + b.strides):
@@ -680,6 +795,7 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
             binds.add(bias.handle, False)
         return matmul_epilogue(out, bias, alpha, beta, act, m, n, guard_m, guard_n)
 
-    return record_gemm_kernel(be, "matmul", m, n, k, nb, out.handle, make_a, make_b, make_epilogue,
-                              [f"A {a.shape} strides {a.strides}, B {b.shape} strides {b.strides}"])
+    notes = [f"A {a.shape} strides {a.strides}, B {b.shape} strides {b.strides}"]
+    notes += [f"allocation {h} bound from byte {off}, {size} bytes" for h, (off, size) in windows.items()]
+    return record_gemm_kernel(be, "matmul", m, n, k, nb, out.handle, make_a, make_b, make_epilogue, notes, windows)
 

@@ -1,4 +1,4 @@
-// Flash-style attention (filled in by attention.py): o = softmax(scale * q k^T [+ causal mask]) v, per
+// Flash-style attention (filled in by attention.py): o = softmax(scale * q k^T [+ mask] [+ causal mask]) v, per
 // (batch, head), with an online softmax over key tiles, so no seq_q x seq_kv matrix exists anywhere.
 //
 // A workgroup owns BQ = GY * RQ query rows of one (batch, head) and walks the keys in tiles of BK = GX * RK.
@@ -8,19 +8,24 @@
 // (`red`), the probabilities through `ps` ([key][row]); each lane keeps a partial row sum, added up at the
 // end. Rows of q, k and v are padded to D4 vec4s in workgroup memory (zeros past head_dim); K and V share
 // one tile buffer (V is loaded once the scores are done).
-// Causal masks are bottom-right aligned: query i sees key j iff j <= i + SKV - SQ; a query that sees no
-// key gets zeros. Every index is in range by construction (rows and keys past the end are clamped and
-// masked), so the module can run trusted.
+// Causal masks are bottom-right aligned: query i sees key j iff j <= i + SKV - SQ; an additive mask (its own
+// binding, any strides) is added to the scores; a query that sees no key (or only -inf) gets zeros.
+// Operands are strided views: the generated code computes each (batch, head)'s row-0 element (qb, kb, vb, ob,
+// mb) once, then rows and head_dim elements from their baked strides. Query head h reads kv head h / REP
+// (grouped-query attention). Every index is in range by construction (the host checks each view's extent;
+// rows and keys past the end are clamped and masked), so the module can run trusted.
+${HEADER}
 
 fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }
 
-@group(0) @binding(0) var<storage, read> q: array<${VT}>;
-@group(0) @binding(1) var<storage, read> k: array<${VT}>;
-@group(0) @binding(2) var<storage, read> v: array<${VT}>;
-@group(0) @binding(3) var<storage, read_write> o: array<${VT}>;
+${BINDINGS}
 
 const SQ: u32 = ${SQ}u;
 const SKV: u32 = ${SKV}u;
+const SQL: u32 = ${SQL}u;  // the last query row (rows past it are clamped to it, then masked)
+const SKL: u32 = ${SKL}u;  // the last key (0 when there are none: no key tile is loaded then)
+const HQ: u32 = ${HQ}u;  // query heads
+const REP: u32 = ${REP}u;  // query heads per kv head
 const D: u32 = ${D}u;  // head_dim
 const D4: u32 = ${D4}u;  // head_dim in vec4s, rounded up
 const RS: u32 = ${RS}u;  // row stride of the q and k/v tiles, in vec4s (odd: no bank conflicts)
@@ -38,7 +43,7 @@ var<workgroup> kvs: array<vec4<f32>, ${KV_SIZE}>;
 var<workgroup> ps: array<f32, ${PS_SIZE}>;
 var<workgroup> red: array<f32, ${RED_SIZE}>;
 
-// Chunk c (< D4) of the row starting at element `base` of a tensor; zeros past head_dim.
+// Chunk c (< D4) of the row starting at element `base` of an operand; zeros past head_dim.
 fn load_q(base: u32, c: u32) -> vec4<f32> {
 ${LOAD_Q}
 }
@@ -61,12 +66,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let q0 = (g % QBLOCKS) * BQ;
     let tx = lid % GX;
     let ty = lid / GX;
+    let b = bh / HQ;
+    let h = bh % HQ;
+    let hk = h / REP;
+${BASES}
 
     for (var idx = lid; idx < BQ * D4; idx += WG) {
         let rr = idx / D4;
         let c = idx % D4;
         let i = q0 + rr;
-        let x = load_q((bh * SQ + min(i, SQ - 1u)) * D, c);
+        let x = load_q(${Q_ROW}, c);
         qs[rr * RS + c] = select(vec4<f32>(0.0), x * SCALE, i < SQ);
     }
 
@@ -78,7 +87,7 @@ ${STATE_DECL}
         for (var idx = lid; idx < BK * D4; idx += WG) {
             let j = idx / D4;
             let c = idx % D4;
-            let x = load_k((bh * SKV + min(j0 + j, SKV - 1u)) * D, c);
+            let x = load_k(${K_ROW}, c);
             kvs[j * RS + c] = select(vec4<f32>(0.0), x, j0 + j < SKV);
         }
         workgroupBarrier();
@@ -87,7 +96,7 @@ ${SCORES}
         for (var idx = lid; idx < BK * D4; idx += WG) {
             let j = idx / D4;
             let c = idx % D4;
-            let x = load_v((bh * SKV + min(j0 + j, SKV - 1u)) * D, c);
+            let x = load_v(${V_ROW}, c);
             kvs[j * RS + c] = select(vec4<f32>(0.0), x, j0 + j < SKV);
         }
 ${SOFTMAX}
