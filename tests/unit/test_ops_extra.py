@@ -380,3 +380,58 @@ def test_recurrent(backend_name: str, op: str, gates: int, direction: str) -> No
     np.testing.assert_allclose(got1[0], want[0].transpose(2, 0, 1, 3), rtol=1e-4, atol=1e-5)
     for g, w in zip(got1[1:], want[1:], strict=True):
         np.testing.assert_allclose(g, w.transpose(1, 0, 2), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+def test_maxpool_indices_and_unpool(backend_name: str, storage_order: int) -> None:
+    x = f32(2, 3, 7, 6)
+    x[0, 0, :2, :2] = 5.0  # ties: the first in window order wins
+    run_case(backend_name, "MaxPool", {"x": x}, outputs=2, kernel_shape=[5, 4], strides=[2, 1], pads=[2, 1, 2, 2],
+             storage_order=storage_order, opset=12)
+    values, idx = f32(1, 2, 2, 3), np.array([[[[0, 3, 5], [13, 14, 19]], [[20, 24, 27], [36, 42, 47]]]], np.int64)
+    run_case(backend_name, "MaxUnpool", {"x": values, "i": idx}, kernel_shape=[2, 2], strides=[2, 2], opset=11)
+
+
+def test_col2im(backend_name: str) -> None:
+    run_case(backend_name, "Col2Im", {"x": f32(2, 3 * 6, 4 * 2)}, {"img": np.array([6, 7], np.int64),
+                                                                   "blk": np.array([2, 3], np.int64)},
+             strides=[2, 2], pads=[1, 0, 1, 1], dilations=[1, 2], opset=18, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("group,offset_group", [(1, 1), (2, 2), (1, 2)])
+def test_deform_conv(backend_name: str, group: int, offset_group: int) -> None:
+    x, w = f32(2, 4, 5, 6), f32(4, 4 // group, 2, 3)
+    oh, ow = 3, 1  # strides (2, 2), pads (1, 0, 1, 0), dilations (1, 2): (5 + 2 - 2) // 2 + 1, (6 - 5) // 2 + 1
+    offset = (f32(2, offset_group * 6 * 2, oh, ow) * 1.5).astype(np.float32)
+    mask = R.uniform(0, 1, (2, offset_group * 6, oh, ow)).astype(np.float32)
+    run_case(backend_name, "DeformConv", {"x": x, "w": w, "o": offset, "b": f32(4), "m": mask}, group=group,
+             offset_group=offset_group, strides=[2, 2], pads=[1, 0, 1, 0], dilations=[1, 2], opset=19, rtol=1e-4,
+             atol=1e-5)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5])
+def test_det(backend_name: str, m: int) -> None:
+    run_case(backend_name, "Det", {"x": f32(3, m, m)}, opset=11, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("rule", ["linear", "gated", "delta", "gated_delta"])
+def test_linear_attention(backend_name: str, rule: str) -> None:
+    b, t, hq, hkv, dk, dv = 2, 3, 4, 2, 4, 3
+    feeds = {"q": f32(b, t, hq * dk), "k": f32(b, t, hkv * dk) * 0.5, "v": f32(b, t, hkv * dv),
+             "s": f32(b, hkv, dk, dv)}
+    order = ["q", "k", "v", "s"]
+    if rule in ("gated", "gated_delta"):
+        feeds["g"] = -np.abs(f32(b, t, hkv * dk))
+        order.append("g")
+    else:
+        order.append("")
+    if rule in ("delta", "gated_delta"):
+        feeds["beta"] = R.uniform(0, 1, (b, t, hkv)).astype(np.float32)
+        order.append("beta")
+    run_case(backend_name, "LinearAttention", feeds, outputs=2, order=order, update_rule=rule, q_num_heads=hq,
+             kv_num_heads=hkv, opset=27, rtol=1e-4, atol=1e-5)
+
+
+def test_maxpool_int(backend_name: str) -> None:
+    x = R.integers(0, 255, (1, 2, 5, 5)).astype(np.uint8)
+    run_case(backend_name, "MaxPool", {"x": x}, kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], opset=12)

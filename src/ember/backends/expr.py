@@ -31,45 +31,71 @@ class Expr:
     kind: str = FLOAT
 
     def size(self) -> int:
-        return 1 + sum(a.size() for a in self.args)
+        """Nodes as a tree (a shared subtree counts at every use: the cost of inlining it)."""
+        memo: dict[int, int] = {}
+
+        def walk(e: Expr) -> int:
+            hit = memo.get(id(e))
+            if hit is None:
+                hit = memo[id(e)] = 1 + sum(walk(a) for a in e.args)
+            return hit
+
+        return walk(self)
+
+    def walk(self) -> list[Expr]:
+        """Every distinct node once (by identity), children before parents. Index kernels share subtrees
+        heavily (a running max refers to the previous one twice), so walks must not expand the tree."""
+        seen: set[int] = set()
+        order: list[Expr] = []
+        stack: list[tuple[Expr, bool]] = [(self, False)]
+        while stack:
+            e, done = stack.pop()
+            if done:
+                order.append(e)
+                continue
+            if id(e) in seen:
+                continue
+            seen.add(id(e))
+            stack.append((e, True))
+            stack.extend((a, False) for a in e.args)
+        return order
 
     def nodes(self) -> int:
         """Distinct nodes (a subtree shared by identity counts once: it is computed once)."""
-        seen: set[int] = set()
-
-        def walk(e: Expr) -> None:
-            if id(e) not in seen:
-                seen.add(id(e))
-                for a in e.args:
-                    walk(a)
-
-        walk(self)
-        return len(seen)
+        return len(self.walk())
 
     def inputs(self) -> set[int]:
-        own = {self.value} if self.op in ("in", "load") else set()
-        return own.union(*(a.inputs() for a in self.args)) if self.args else own
+        return {e.value for e in self.walk() if e.op in ("in", "load")}
 
     def loaded(self) -> set[int]:
         """Inputs read through `load` (at computed indices)."""
-        own = {self.value} if self.op == "load" else set()
-        return own.union(*(a.loaded() for a in self.args)) if self.args else own
+        return {e.value for e in self.walk() if e.op == "load"}
+
+    def direct(self) -> set[int]:
+        """Inputs read through `in` (at the output element's own position)."""
+        return {e.value for e in self.walk() if e.op == "in"}
 
     def indexed(self) -> bool:
         """True when the tree uses output coordinates or computed loads (no dim merging then)."""
-        return self.op in ("coord", "load") or any(a.indexed() for a in self.args)
+        return any(e.op in ("coord", "load") for e in self.walk())
 
     def key(self) -> str:
-        """A stable text form, used to cache generated kernels."""
-        if self.op == "in":
-            return f"${self.value}:{self.kind}"
-        if self.op == "const":
-            return f"#{self.value!r}:{self.kind}"
-        if self.op == "coord":
-            return f"@{self.value}"
-        if self.op in ("load", "bitcast"):
-            return f"{self.op}{self.value}:{self.kind}({','.join(a.key() for a in self.args)})"
-        return f"{self.op}({','.join(a.key() for a in self.args)})"
+        """A stable text form, used to cache generated kernels (shared subtrees are written once, as @n)."""
+        names: dict[int, str] = {}
+        parts = []
+        for e in self.walk():
+            if e.op == "in":
+                text = f"${e.value}:{e.kind}"
+            elif e.op == "const":
+                text = f"#{e.value!r}:{e.kind}"
+            elif e.op == "coord":
+                text = f"@c{e.value}"
+            else:
+                head = f"{e.op}{e.value}:{e.kind}" if e.op in ("load", "bitcast") else e.op
+                text = f"{head}({','.join(names[id(a)] for a in e.args)})"
+            names[id(e)] = f"%{len(parts)}"
+            parts.append(text)
+        return ";".join(parts)
 
 
 def inp(index: int, kind: str = FLOAT) -> Expr:
@@ -212,10 +238,7 @@ def eval_numpy(expr: Expr, inputs: list[np.ndarray], float_dtype: Any = np.float
     memo: dict[int, np.ndarray] = {}  # shared subtrees (by identity) are evaluated once
 
     def ev(e: Expr) -> np.ndarray:
-        hit = memo.get(id(e))
-        if hit is None:
-            hit = memo[id(e)] = ev1(e)
-        return hit
+        return memo[id(e)]
 
     def ev1(e: Expr) -> np.ndarray:
         if e.op == "in":
@@ -252,4 +275,6 @@ def eval_numpy(expr: Expr, inputs: list[np.ndarray], float_dtype: Any = np.float
         return out
 
     with np.errstate(all="ignore"):
-        return ev(expr)
+        for e in expr.walk():  # children first, each distinct node once
+            memo[id(e)] = ev1(e)
+        return memo[id(expr)]

@@ -51,6 +51,16 @@ def wrap_index(e: Expr, dim: int) -> Expr:
     return call("where", call("lt", e, zero(e.kind)), call("add", e, const(dim, e.kind)), e)
 
 
+def check_indices(op: Op, t: T, dim: int) -> None:
+    """Constant indices are checked at plan time (ONNX makes out-of-range ones an error); device-resident ones
+    cannot be, and the kernels clamp them, so a read or write never leaves its tensor."""
+    if t.is_const and t.size:
+        v = np.asarray(t.value)
+        bad = (v < -dim) | (v >= dim)
+        if bad.any():
+            raise ValueError(f"{op.node.describe()}: index {v[bad].reshape(-1)[0]} is out of range for a dim of {dim}")
+
+
 def coords(rank: int) -> list[Expr]:
     return [coord(d) for d in range(rank)]
 
@@ -78,6 +88,7 @@ class GatherElements(Op):
         axis = norm_axis(self, self.a["axis"], data.rank)
         if indices.rank != data.rank:
             raise ValueError(f"{self.node.describe()}: indices rank {indices.rank} != data rank {data.rank}")
+        check_indices(self, indices, data.shape[axis])
         k = wrap_index(call("to_int", inp(1, kind_of(indices.dtype))), data.shape[axis])
         idx = [k if d == axis else coord(d) for d in range(data.rank)]
         return [kernel(ctx, load(0, *idx, kind=kind_of(data.dtype)), [data, indices], data.dtype, indices.shape)]
@@ -665,6 +676,7 @@ class ScatterElements(Op):
         if indices.shape != updates.shape or indices.rank != data.rank:
             raise ValueError(f"{self.node.describe()}: indices {indices.shape} and updates {updates.shape} "
                              f"do not match data {data.shape}")
+        check_indices(self, indices, data.shape[axis])
         k = wrap_index(call("to_int", inp(0, kind_of(indices.dtype))), data.shape[axis])
         off = _linear([k if d == axis else coord(d) for d in range(data.rank)], data.shape)
         return [scatter(ctx, data, off, [indices], updates, self.a["reduction"])]
@@ -755,11 +767,12 @@ def _linear_index(idx: Sequence[int], shape: Sequence[int]) -> int:
 
 # ---- MaxPool's Indices output and MaxUnpool ------------------------------------------------------------------------
 def pool_argmax(ctx: Context, x: T, out_shape: Sequence[int], ksize: Sequence[int], strides: Sequence[int],
-                dil: Sequence[int], pads: Sequence[int], storage_order: int) -> T:
-    """The flat input index of each max-pool window's maximum (the first, in window order, among equals):
-    the window's taps unrolled in one index kernel."""
+                dil: Sequence[int], pads: Sequence[int], storage_order: int, values: bool = False) -> T:
+    """The flat input index of each max-pool window's maximum (the first, in window order, among equals), or
+    with `values` the maximum itself (any dtype): the window's taps unrolled in one index kernel."""
     r = x.rank - 2
     size = x.shape[2:]
+    kind = kind_of(x.dtype)
     # Flat index within the (n, c) plane: row-major, or column-major for storage_order 1.
     plane = _strides(size) if not storage_order else [math.prod(size[:i]) for i in range(r)]
     best: Expr | None = None
@@ -771,13 +784,16 @@ def pool_argmax(ctx: Context, x: T, out_shape: Sequence[int], ksize: Sequence[in
             p = call("add", call("mul", coord(2 + i), ic(strides[i])), ic(kk[i] * dil[i] - pads[i]))
             pos.append(p)
             ok += [call("ge", p, ic(0)), call("lt", p, ic(size[i]))]
-        v = load(0, coord(0), coord(1), *pos, kind=FLOAT)
+        v = load(0, coord(0), coord(1), *pos, kind=kind)
         flat = sum_exprs([call("mul", p, ic(s)) for p, s in zip(pos, plane, strict=True)])
         valid = all_exprs(ok)
         take = valid if best is None else call("and", valid, call("or", call("not", found), call("gt", v, best)))
         best = v if best is None else call("where", take, v, best)
         idx = call("where", take, flat, idx)
         found = call("or", found, valid)
+    if values:
+        assert best is not None
+        return kernel(ctx, best, [x], x.dtype, out_shape)
     base = call("mul", call("add", call("mul", coord(0), ic(x.shape[1])), coord(1)), ic(math.prod(size)))
     return kernel(ctx, call("add", base, idx), [x], np.dtype(np.int64), out_shape)
 

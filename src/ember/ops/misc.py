@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -14,7 +15,7 @@ from ..backends.loops import ensure
 from ..ir import Node
 from .base import Context, Op, T, kind_of, lookup, register
 from .elementwise import emit
-from .index import fc, ic, kernel, zero
+from .index import fc, ic, kernel, sum_exprs, zero
 from .nn import normalize, to_2d
 from .reduce import reduce_axes
 from .shape import copy_into, host_ints, norm_axis, reshape_view, slice_view
@@ -463,6 +464,9 @@ class CausalConvWithState(Op):
             raise self.fail(f"activation {act!r} is not supported")
         nb, c, length = x.shape
         k = w.shape[2]
+        dtype, f32 = x.dtype, np.dtype(np.float32)
+        if dtype != f32:  # computed in float32 (as onnx.reference), then cast back
+            x, w, b, state = (t if t is None else emit(ctx, self, inp(0), [t], f32) for t in (x, w, b, state))
         ins: list[T] = [x, w] + ([state] if state is not None else [])
 
         def padded(pos: Expr) -> Expr:  # [state, x] at position pos of the time axis
@@ -474,16 +478,14 @@ class CausalConvWithState(Op):
 
         terms = [call("mul", load(1, coord(1), ic(0), ic(j), kind=FLOAT),
                       padded(call("add", coord(2), ic(j)) if j else coord(2))) for j in range(k)]
-        y = terms[0]
-        for t in terms[1:]:
-            y = call("add", y, t)
+        y = sum_exprs(terms)
         if b is not None:
             ins.append(b)
             y = call("add", y, load(len(ins) - 1, coord(1), kind=FLOAT))
         if act != "none":
             y = call("mul", y, call("sigmoid", y))
-        out = kernel(ctx, y, ins, x.dtype, x.shape)
-        present = kernel(ctx, padded(call("add", coord(2), ic(length))), ins[:3], x.dtype, (nb, c, k - 1))
+        out = kernel(ctx, y, ins, dtype, x.shape)
+        present = kernel(ctx, padded(call("add", coord(2), ic(length))), ins[:3], dtype, (nb, c, k - 1))
         return [out, present]
 
 
@@ -788,3 +790,146 @@ class LSTM(Recurrent):
         o = emit(ctx, self, f(self.pre(parts)), ins, h.dtype)
         h_new = emit(ctx, self, call("mul", inp(0), hf(inp(1))), [o, c_new], h.dtype)
         return h_new, c_new
+
+
+@register("DeformConv", 19)
+class DeformConv(Op):
+    """Deformable conv: one index kernel samples every (channel, tap, output position) bilinearly at its
+    offset position (zeros outside, times the mask), then a grouped MatMul with the weights."""
+
+    attrs = {"dilations": None, "group": 1, "kernel_shape": None, "offset_group": 1, "pads": None, "strides": None}
+
+    def run(self, ctx: Context, x: T, w: T, offset: T, b: T | None = None, mask: T | None = None) -> list[T]:
+        if x.rank != 4 or x.dtype.kind != "f":
+            raise self.fail("only 2-D float DeformConv is supported")
+        n, c, h, wd = x.shape
+        oc, icpg, kh, kw = w.shape
+        g, og_n = self.a["group"], self.a["offset_group"]
+        if c != icpg * g or oc % g or c % og_n:
+            raise ValueError(f"{self.node.describe()}: input {x.shape}, weight {w.shape}, group {g} disagree")
+        sh, sw = self.a["strides"] or [1, 1]
+        dh, dw = self.a["dilations"] or [1, 1]
+        pt, pl = (self.a["pads"] or [0, 0, 0, 0])[:2]
+        oh, ow = offset.shape[2:]
+        ch, i, j, yo, xo = coord(1), coord(2), coord(3), coord(4), coord(5)
+        og = call("div", ch, ic(c // og_n))
+        tap = call("add", call("mul", call("add", call("mul", og, ic(kh)), i), ic(kw)), j)
+
+        def off(axis: int) -> Expr:
+            return load(2, coord(0), call("add", call("mul", tap, ic(2)), ic(axis)), yo, xo, kind=FLOAT)
+
+        py = call("add", call("to_float", call("add", call("mul", yo, ic(sh)), call("mul", i, ic(dh)))),
+                  call("add", fc(-pt), off(0)))
+        px = call("add", call("to_float", call("add", call("mul", xo, ic(sw)), call("mul", j, ic(dw)))),
+                  call("add", fc(-pl), off(1)))
+        y0, x0 = call("floor", py), call("floor", px)
+        fy, fx = call("sub", py, y0), call("sub", px, x0)
+        iy, ix = call("to_int", y0), call("to_int", x0)
+        terms = []
+        for dy, wy in ((0, call("sub", fc(1.0), fy)), (1, fy)):
+            for dx, wx in ((0, call("sub", fc(1.0), fx)), (1, fx)):
+                ty = call("add", iy, ic(dy)) if dy else iy
+                tx = call("add", ix, ic(dx)) if dx else ix
+                ok = call("and", call("and", call("ge", ty, ic(0)), call("lt", ty, ic(h))),
+                          call("and", call("ge", tx, ic(0)), call("lt", tx, ic(wd))))
+                v = call("where", ok, load(0, coord(0), ch, ty, tx, kind=FLOAT), fc(0.0))
+                terms.append(call("mul", v, call("mul", wy, wx)))
+        val = call("add", call("add", terms[0], terms[1]), call("add", terms[2], terms[3]))
+        ins = [x, w, offset]
+        if mask is not None:
+            ins.append(mask)
+            val = call("mul", val, load(3, coord(0), tap, yo, xo, kind=FLOAT))
+        cols = kernel(ctx, val, ins, x.dtype, (n, c, kh, kw, oh, ow))
+        k = icpg * kh * kw
+        cols4 = reshape_view(ctx, cols, (n, g, k, oh * ow))
+        w4 = reshape_view(ctx, w, (1, g, oc // g, k))
+        y = reshape_view(ctx, call_op(ctx, self, "MatMul", w4, cols4)[0], (n, oc, oh, ow))
+        if b is not None:
+            y = emit(ctx, self, call("add", inp(0), inp(1)), [y, reshape_view(ctx, b, (oc, 1, 1))], x.dtype)
+        return [y]
+
+
+@register("Det", 11)
+class Det(Op):
+    """Determinants of small matrices (n <= 5) by the Leibniz sum over permutations, one kernel over the
+    batch; larger ones would need an LU primitive."""
+
+    def run(self, ctx: Context, x: T) -> list[T]:
+        m = x.shape[-1]
+        if x.rank < 2 or x.shape[-2] != m or x.dtype.kind != "f":
+            raise ValueError(f"{self.node.describe()}: Det needs float square matrices, got {x.shape}")
+        if m > 5:
+            raise self.fail(f"Det of {m} x {m} matrices is not supported (up to 5 x 5)")
+        lead = [coord(d) for d in range(x.rank - 2)]
+        cell = [[load(0, *lead, ic(r), ic(c), kind=FLOAT) for c in range(m)] for r in range(m)]
+        terms = []
+        for perm in itertools.permutations(range(m)):
+            inversions = sum(1 for a in range(m) for b in range(a + 1, m) if perm[a] > perm[b])
+            t = cell[0][perm[0]]
+            for r in range(1, m):
+                t = call("mul", t, cell[r][perm[r]])
+            terms.append(call("neg", t) if inversions % 2 else t)
+        return [kernel(ctx, sum_exprs(terms), [x], x.dtype, x.shape[:-2])]
+
+
+@register("LinearAttention", 27)
+class LinearAttention(Op):
+    """The recurrence unrolled over the (static) sequence: per step, the state (B, H_kv, d_k, d_v) decays
+    (gated), takes the delta-corrected outer product k v^T, and is read by q (grouped query heads share
+    their KV head's state). Each step is two small MatMuls and fused elementwise kernels."""
+
+    attrs = {"chunk_size": None, "kv_num_heads": None, "q_num_heads": None, "scale": None,
+             "update_rule": "gated_delta"}
+
+    def run(self, ctx: Context, q: T, k: T, v: T, past: T | None = None, decay: T | None = None,
+            beta: T | None = None) -> list[T]:
+        rule = self.a["update_rule"]
+        hq, hkv = self.a["q_num_heads"], self.a["kv_num_heads"]
+        if rule not in ("linear", "gated", "delta", "gated_delta") or not hq or not hkv or hq % hkv:
+            raise self.fail(f"update_rule {rule!r} with {hq} query / {hkv} KV heads is not supported")
+        gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+        if (decay is None) == gating or (beta is None) == delta:
+            raise ValueError(f"{self.node.describe()}: decay/beta inputs do not match update_rule {rule!r}")
+        b, t = q.shape[:2]
+        dk, dv, grp = q.shape[2] // hq, v.shape[2] // hkv, hq // hkv
+        scale = self.a["scale"] or 1.0 / math.sqrt(dk)
+        f32, q_dtype = np.dtype(np.float32), q.dtype
+        # The recurrence runs in float32 whatever the activations' type (as onnx.reference).
+        q, k, v, decay, beta = (x if x is None or x.dtype == f32 else emit(ctx, self, inp(0), [x], f32)
+                                for x in (q, k, v, decay, beta))
+        qc, kc, vc = (ctx.contiguous(x) for x in (q, k, v))
+
+        def at(base: View, step: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype) -> T:
+            """A per-step window (batch stride: the whole sequence) of a (B, T, ...) tensor."""
+            row = base.size // b
+            off = base.offset + step * (row // t)
+            return T(dtype, shape, view=View(base.handle, dtype, shape, (row, *strides), off))
+
+        state = past if past is not None else ctx.const(np.zeros((b, hkv, dk, dv), f32))
+        out = ctx.new(f32, (b, t, hq * dv))
+        dc = ctx.contiguous(decay) if decay is not None else None
+        bc = ctx.contiguous(beta) if beta is not None else None
+        for i in range(t):
+            k_t = at(kc, i, (b, hkv, dk, 1), (dk, 1, 0), k.dtype)
+            v_t = at(vc, i, (b, hkv, 1, dv), (dv, 0, 1), v.dtype)
+            if gating:
+                assert dc is not None and decay is not None
+                per = decay.shape[2] // hkv  # 1 (per head) or d_k (per key dim)
+                g = at(dc, i, (b, hkv, dk, 1), (per, 1 if per > 1 else 0, 0), decay.dtype)
+                state = emit(ctx, self, call("mul", inp(0), call("exp", inp(1))), [state, g], f32)
+            if delta:
+                assert bc is not None and beta is not None
+                nb = beta.shape[2]
+                bt = at(bc, i, (b, hkv, 1, 1), (1 if nb > 1 else 0, 0, 0), beta.dtype)
+                k_row = at(kc, i, (b, hkv, 1, dk), (dk, 0, 1), k.dtype)
+                got = call_op(ctx, self, "MatMul", k_row, state)[0]  # S^T k: (B, H_kv, 1, d_v)
+                v_t = emit(ctx, self, call("mul", inp(0), call("sub", inp(1), inp(2))), [bt, v_t, got], f32)
+            state = emit(ctx, self, call("add", inp(0), call("mul", inp(1), inp(2))), [state, k_t, v_t], f32)
+            q_t = at(qc, i, (b, hkv, grp, dk), (grp * dk, dk, 1), q.dtype)
+            o = call_op(ctx, self, "MatMul", q_t, state)[0]  # (B, H_kv, group, d_v)
+            dst = View(out.view.handle, f32, (b, hkv, grp, dv), (t * hq * dv, grp * dv, dv, 1), i * hq * dv)
+            copy_into(ctx, ctx.view(emit(ctx, self, call("mul", inp(0), fc(scale)), [o], f32)), dst)
+        present_dtype = past.dtype if past is not None else q_dtype
+        if state.dtype != present_dtype or state.is_const:
+            state = emit(ctx, self, inp(0), [state], present_dtype)
+        return [out if q_dtype == f32 else emit(ctx, self, inp(0), [out], q_dtype), state]

@@ -96,25 +96,32 @@ class Pool(Op):
             if self.a["ceil_mode"] and (o - 1) * strides[i] >= x.shape[2 + i] + pads[i]:
                 o -= 1  # the last window must start inside the input or its left padding
             out_sp.append(o)
-        out = ctx.new(x.dtype, (*x.shape[:2], *out_sp))
+        shape = (*x.shape[:2], *out_sp)
+        values = self.run_values(ctx, x, shape, kernel, strides, dil, pads)
         if want_indices:
-            from .index import pool_argmax
+            from .index import pool_argmax  # the window unrolled in one index kernel
 
-            indices = pool_argmax(ctx, x, out.shape, kernel, strides, dil, pads, self.a["storage_order"])
-            return [*self.run_values(ctx, x, out, kernel, strides, dil, pads), indices]
-        return self.run_values(ctx, x, out, kernel, strides, dil, pads)
+            return [values, pool_argmax(ctx, x, shape, kernel, strides, dil, pads, self.a["storage_order"])]
+        return [values]
 
-    def run_values(self, ctx: Context, x: T, out: T, kernel: tuple, strides: tuple, dil: tuple,
-                   pads: list[int]) -> list[T]:
+    def run_values(self, ctx: Context, x: T, shape: tuple[int, ...], kernel: tuple, strides: tuple, dil: tuple,
+                   pads: list[int]) -> T:
         r = x.rank - 2
+        if x.dtype.kind != "f":
+            if self.kind != "max":
+                raise self.fail(f"{self.node.op_type} of {x.dtype} is not supported")
+            from .index import pool_argmax  # integer max pooling: the window unrolled in an index kernel
+
+            return pool_argmax(ctx, x, shape, kernel, strides, dil, pads, 0, values=True)
+        out = ctx.new(x.dtype, shape)
         if r == 3:
-            return [self.pool3d(ctx, x, out, kernel, strides, dil, pads)]
+            return self.pool3d(ctx, x, out, kernel, strides, dil, pads)
         if r == 1:
             kernel, strides, dil, pads = (1, *kernel), (1, *strides), (1, *dil), [0, pads[0], 0, pads[1]]
         ctx.record(ctx.backend.record_pool(self.kind, ctx.contiguous(to_2d(ctx, x)), to_2d(ctx, out).view, kernel,
                                            strides, (pads[0], pads[1], pads[2], pads[3]), dil,
                                            bool(self.a["count_include_pad"]), int(self.a["p"])))
-        return [out]
+        return out
 
     def pool3d(self, ctx: Context, x: T, out: T, kernel: tuple, strides: tuple, dil: tuple, pads: list[int]) -> T:
         """3-D pooling as two 2-D pools: over (H, W) for every depth slice, then over D. Max, Lp and both

@@ -169,27 +169,32 @@ class _Emitter:
         self.count = 0
         self.memo: dict[int, str] = {}  # a subtree shared by identity is computed once
 
-    def emit(self, e: Expr) -> str:
+    def leaf(self, e: Expr) -> str:
         if e.op == "in":
             return self.loads[e.value]
-        if e.op == "const":
-            if e.kind == FLOAT:
-                return float_literal(e.value)
-            if e.kind == INT:
-                return int_literal(e.value)
-            return "true" if e.value else "false"
         if e.op == "coord":
             return f"c{e.value}"
-        hit = self.memo.get(id(e))
-        if hit is not None:
-            return hit
-        args = [self.emit(a) for a in e.args]
-        text = self.gather(e.value, args) if e.op == "load" else self.translate(e, args)
-        name = f"t{self.count}"
-        self.count += 1
-        self.lines.append(f"    let {name}: {WGSL_TYPE[e.kind]} = {text};")
-        self.memo[id(e)] = name
-        return name
+        if e.kind == FLOAT:
+            return float_literal(e.value)
+        if e.kind == INT:
+            return int_literal(e.value)
+        return "true" if e.value else "false"
+
+    def emit(self, root: Expr) -> str:
+        """One `let` per distinct node, children first (iterative: index kernels nest deeply)."""
+        for e in root.walk():
+            if id(e) in self.memo:
+                continue
+            if not e.args and e.op in ("in", "const", "coord"):
+                self.memo[id(e)] = self.leaf(e)
+                continue
+            args = [self.memo[id(a)] for a in e.args]
+            text = self.gather(e.value, args) if e.op == "load" else self.translate(e, args)
+            name = f"t{self.count}"
+            self.count += 1
+            self.lines.append(f"    let {name}: {WGSL_TYPE[e.kind]} = {text};")
+            self.memo[id(e)] = name
+        return self.memo[id(root)]
 
     @staticmethod
     def translate(e: Expr, a: list[str]) -> str:
@@ -236,15 +241,6 @@ def _merge_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple
     return dims, ss
 
 
-def _direct(e: Expr, acc: set[int]) -> set[int]:
-    """Inputs read through "in" (at the output element's own position)."""
-    if e.op == "in":
-        acc.add(e.value)
-    for a in e.args:
-        _direct(a, acc)
-    return acc
-
-
 def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, ...],
              in_strides: list[tuple[int, ...]], in_offsets: list[int], out_strides: tuple[int, ...],
              out_offset: int, alias: list[bool], in_shapes: list[tuple[int, ...]] | None = None,
@@ -256,7 +252,7 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
     """
     total = math.prod(shape)
     indexed = expr.indexed()
-    direct = _direct(expr, set())
+    direct = expr.direct()
     if indexed:
         # Coordinates along every output dim, unmerged: coord(d) and computed loads refer to them.
         dims, out_ss = list(shape), list(out_strides)
