@@ -148,7 +148,8 @@ class Model:
                     if symbols.setdefault(want, got) != got:
                         raise ValueError(f"input {info.name!r}: dim {axis} ({want!r}) is {got}, but another input "
                                          f"set {want!r} to {symbols[want]}")
-            out[info.name] = arr if isinstance(arr, DeviceArray) else np.ascontiguousarray(arr)
+            # np.require keeps 0-d arrays 0-d (np.ascontiguousarray would make them 1-d).
+            out[info.name] = arr if isinstance(arr, DeviceArray) else np.require(arr, requirements="C")
         return out
 
     def run(self, feeds: Mapping[str, Any], output_names: list[str] | None = None,

@@ -180,12 +180,18 @@ def _np_round(x: np.ndarray) -> np.ndarray:
 
 
 def _np_gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0).astype(x.dtype)))
+    # 0.5 x erfc(-x/sqrt2) in float64: 1 + erf(x/sqrt2) would cancel in the left tail.
+    x64 = np.asarray(x, np.float64)
+    erfc = np.vectorize(math.erfc, otypes=[np.float64])(-x64 / math.sqrt(2.0)) if x64.size else x64
+    return (0.5 * x64 * erfc).astype(np.asarray(x).dtype)
 
 
 def _np_gelu_tanh(x: np.ndarray) -> np.ndarray:
-    c = np.asarray(math.sqrt(2.0 / math.pi), x.dtype)
-    return 0.5 * x * (1.0 + np.tanh(c * (x + np.asarray(0.044715, x.dtype) * x * x * x)))
+    # 0.5 x (1 + tanh(u)) = x sigmoid(2u), in float64.
+    x64 = np.asarray(x, np.float64)
+    u = math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)
+    with np.errstate(over="ignore"):
+        return (x64 / (1.0 + np.exp(-2.0 * u))).astype(np.asarray(x).dtype)
 
 
 def _erf(x: np.ndarray) -> np.ndarray:

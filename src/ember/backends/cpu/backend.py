@@ -136,7 +136,7 @@ class CpuBackend(ComputeBackend):
             padded = np.zeros((n, c, h + pt + pb, wd + pl + pr), xv.dtype)
             interior = padded[:, :, pt:pt + h, pl:pl + wd]
         else:
-            padded, interior = np.ascontiguousarray(xv), None
+            padded, interior = xv, None  # read when the step runs (never copied at record time)
         ps = padded.strides
         flat = dst.reshape(n, k, p * q)
 
@@ -144,15 +144,15 @@ class CpuBackend(ComputeBackend):
             return padded[:, :, i * dh: i * dh + sh * (p - 1) + 1: sh, j * dw: j * dw + sw * (q - 1) + 1: sw]
 
         if groups == c and cg == 1 and k == c:
-            # Depthwise: r*s shifted multiply-adds beat C tiny matmuls.
-            taps = [(i, j, np.ascontiguousarray(wv[:, 0, i, j]).reshape(1, c, 1, 1))
-                    for i in range(r) for j in range(s)]
-
+            # Depthwise: r*s shifted multiply-adds beat C tiny matmuls. Taps are read when the step runs:
+            # the weight may be computed by an earlier step.
             def compute() -> None:
-                i0, j0, w0 = taps[0]
-                np.multiply(window(i0, j0), w0, out=dst)
-                for i, j, wt in taps[1:]:
-                    dst[...] += window(i, j) * wt
+                for t, (i, j) in enumerate((i, j) for i in range(r) for j in range(s)):
+                    tap = wv[:, 0, i, j].reshape(1, c, 1, 1)
+                    if t == 0:
+                        np.multiply(window(i, j), tap, out=dst)
+                    else:
+                        dst[...] += window(i, j) * tap
         elif groups == 1 and r == s == 1 and sh == sw == 1 and not any(pads):
             wmat = wv.reshape(k, c)
 
@@ -379,7 +379,7 @@ def _acc(x: np.ndarray) -> Any:
 
 
 def _logsumexp(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-    m = np.max(x, axis=axes, keepdims=True)
+    m = np.max(x, axis=axes, keepdims=True, initial=-np.inf)
     m = np.where(np.isfinite(m), m, 0)
     return (np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True, dtype=_acc(x))) + m).squeeze(axes)
 
@@ -388,8 +388,9 @@ _REDUCERS: dict[str, Callable[[np.ndarray, tuple[int, ...]], Any]] = {
     "sum": lambda x, a: np.sum(x, axis=a, dtype=_acc(x)),
     "mean": lambda x, a: np.mean(x, axis=a, dtype=_acc(x)) if x.dtype.kind == "f" else np.sum(x, axis=a) // math.prod(
         x.shape[i] for i in a),
-    "max": lambda x, a: np.max(x, axis=a),
-    "min": lambda x, a: np.min(x, axis=a),
+    # Empty reductions give the identity (-inf / +inf), as ONNX specifies.
+    "max": lambda x, a: np.max(x, axis=a, initial=-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min),
+    "min": lambda x, a: np.min(x, axis=a, initial=np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).max),
     "prod": lambda x, a: np.prod(x, axis=a),
     "sumsq": lambda x, a: np.sum(x * x, axis=a, dtype=_acc(x)),
     "l1": lambda x, a: np.sum(np.abs(x), axis=a, dtype=_acc(x)),
