@@ -24,3 +24,10 @@ def be(backend_name: str) -> ember.ComputeBackend:
 def rng() -> np.random.Generator:
     # Fresh inputs every run, on purpose; the seed is printed on failure through the test id's repr.
     return np.random.default_rng()
+
+
+@pytest.fixture(scope="session")
+def wgpu_be() -> ember.ComputeBackend:
+    """The wgpu backend, for wgpu-only checks. The suite installs lavapipe where there is no GPU, so a machine
+    without an adapter fails here rather than skipping GPU tests."""
+    return ember.backend("wgpu")

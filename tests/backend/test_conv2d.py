@@ -198,9 +198,8 @@ def test_conv2d_errors(be: ember.ComputeBackend) -> None:
             be.free(h)
 
 
-def test_record_conv_rejects_bad_views(be: ember.ComputeBackend) -> None:
-    if be.name != "wgpu":
-        pytest.skip("wgpu record_conv argument checks")
+def test_record_conv_rejects_bad_views(wgpu_be: ember.ComputeBackend) -> None:
+    be = wgpu_be  # a wgpu-only check: runs on wgpu, never skipped
     hx, hf, ho = be.alloc(4 * 100), be.alloc(4 * 100), be.alloc(4 * 100)
     try:
         x = View.contiguous(hx, F32, (1, 2, 4, 4))
