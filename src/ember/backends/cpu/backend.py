@@ -372,6 +372,14 @@ def _arg(fn: Callable, last: bool) -> Callable:
     return reduce
 
 
+def _lowest(dtype: np.dtype) -> Any:
+    return -np.inf if dtype.kind == "f" else False if dtype.kind == "b" else np.iinfo(dtype).min
+
+
+def _highest(dtype: np.dtype) -> Any:
+    return np.inf if dtype.kind == "f" else True if dtype.kind == "b" else np.iinfo(dtype).max
+
+
 def _acc(x: np.ndarray) -> Any:
     """Accumulate float sums in float64: numpy adds along a strided axis one element at a time, and float32
     drifts over long rows."""
@@ -389,8 +397,8 @@ _REDUCERS: dict[str, Callable[[np.ndarray, tuple[int, ...]], Any]] = {
     "mean": lambda x, a: np.mean(x, axis=a, dtype=_acc(x)) if x.dtype.kind == "f" else np.sum(x, axis=a) // math.prod(
         x.shape[i] for i in a),
     # Empty reductions give the identity (-inf / +inf), as ONNX specifies.
-    "max": lambda x, a: np.max(x, axis=a, initial=-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min),
-    "min": lambda x, a: np.min(x, axis=a, initial=np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).max),
+    "max": lambda x, a: np.max(x, axis=a, initial=_lowest(x.dtype)),
+    "min": lambda x, a: np.min(x, axis=a, initial=_highest(x.dtype)),
     "prod": lambda x, a: np.prod(x, axis=a),
     "sumsq": lambda x, a: np.sum(x * x, axis=a, dtype=_acc(x)),
     "l1": lambda x, a: np.sum(np.abs(x), axis=a, dtype=_acc(x)),
