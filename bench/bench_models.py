@@ -167,7 +167,7 @@ def ort_engine(path: Path, feeds: dict) -> Callable:
     return lambda: sess.run(None, feeds)
 
 
-def torch_engines(module: Any, feeds: dict) -> dict[str, Callable]:
+def torch_engines(module: Any, feeds: dict, compile: bool = True) -> dict[str, Callable]:
     import torch
 
     out: dict[str, Callable] = {}
@@ -183,6 +183,8 @@ def torch_engines(module: Any, feeds: dict) -> dict[str, Callable]:
             return mod(*(h.cuda() for h in host)).cpu()
 
     out["torch eager (CUDA)"] = eager
+    if not compile:
+        return out
     try:
         compiled = torch.compile(mod)
 
@@ -237,6 +239,7 @@ def main() -> int:
     ap.add_argument("--md", type=Path)
     ap.add_argument("--peers", action="store_true", help="also ONNX Runtime's WebGPU provider")
     ap.add_argument("--no-cpu", action="store_true", help="skip the ember cpu backend (slow on big models)")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (its compile takes a while)")
     args = ap.parse_args()
     backends = ember.available_backends()
     wl = workloads()
@@ -280,7 +283,7 @@ def main() -> int:
                 except Exception as e:  # profiling needs timestamp queries
                     info["wgpu_profile_top"] = f"unavailable: {e}"
         engines.append(("onnxruntime cpu", ort_engine(path, feeds)))
-        engines += list(torch_engines(module, feeds).items())
+        engines += [(k, v) for k, v in torch_engines(module, feeds, not args.no_compile).items()]
         row = {"model": name, "engines": {}, "info": info}
         for label, fn in engines:
             try:

@@ -506,6 +506,11 @@ class ComputeBackend(ABC):
     def record_copy(self, src: int, dst: int, nbytes: int) -> list:
         """Copy the first nbytes of allocation src into dst, on the device."""
 
+    def record_readback(self, view: View) -> tuple[list, Any]:
+        """(steps, read): steps copy `view` (contiguous) somewhere the host can read; after they ran, read()
+        returns the host array. Lets a plan fold its output copies into the run's single submit."""
+        return [], lambda: self.download(view)
+
     def profile(self, steps: list) -> list[float]:
         """Run steps one by one and return each one's time in milliseconds (device time where the backend can
         measure it)."""

@@ -154,6 +154,29 @@ class WgpuBackend(ComputeBackend):
         raw = np.frombuffer(self._device_read(view.handle, view.offset * 4, n * st.itemsize), st)
         return raw.reshape(view.shape).astype(view.dtype)
 
+    def record_readback(self, view: View) -> tuple[list, Any]:
+        """A persistent MAP_READ staging buffer: the copy rides in the run's command buffer, so reading the
+        outputs costs one map per output instead of queue.read_buffer's buffer creation and extra submit."""
+        st = NUMPY_STORAGE[storage_type(view.dtype)]
+        if not view.is_contiguous():
+            raise ValueError("record_readback: the view must be contiguous")
+        nbytes = max(view.size * st.itemsize, 4)
+        size = -(-nbytes // 4) * 4
+        staging = self.device.create_buffer(size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        steps = [Copy(self._bufs[view.handle], view.offset * 4, staging, 0, size)] if view.size else []
+
+        def read() -> np.ndarray:
+            if view.size == 0:
+                return np.empty(view.shape, view.dtype)
+            staging.map_async("READ").sync_wait()
+            try:
+                raw = np.frombuffer(staging.read_mapped(0, size, copy=True), st)[: view.size]
+            finally:
+                staging.unmap()
+            return raw.reshape(view.shape).astype(view.dtype)
+
+        return steps, read
+
     def storage_itemsize(self, dtype: Any) -> int:
         return NUMPY_STORAGE[storage_type(dtype)].itemsize
 
