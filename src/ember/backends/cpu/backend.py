@@ -75,8 +75,10 @@ class CpuBackend(ComputeBackend):
         buf = self._mem[v.handle]
         item = v.dtype.itemsize
         need = v.extent() * item
-        if need > buf.nbytes:
-            raise ValueError(f"view of {need} bytes exceeds allocation {v.handle} of {buf.nbytes} bytes")
+        lowest = v.offset + sum((d - 1) * st for d, st in zip(v.shape, v.strides, strict=True) if st < 0 and d > 0)
+        if need > buf.nbytes or lowest < 0:
+            raise ValueError(f"view {v.shape}/{v.strides}+{v.offset} reaches outside allocation {v.handle} "
+                             f"of {buf.nbytes} bytes")
         usable = buf.nbytes // item * item
         base = buf[:usable].view(v.dtype)
         return as_strided(base[v.offset:], v.shape, [s * item for s in v.strides])
