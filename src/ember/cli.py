@@ -105,8 +105,9 @@ def demo(args: argparse.Namespace) -> int:
     import onnx
 
     light = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-    path = args.model or os.path.join(light, "light_squeezenet.onnx")
-    run_model(path, backends, args.repeat)
+    for path in args.model or [os.path.join(light, "light_squeezenet.onnx")]:
+        run_model(path, backends, args.repeat)
+        print()
     demo_primitives(backends)
     return 0
 
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ember", description=ember.__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="run a real model on every backend next to ONNX Runtime")
-    d.add_argument("--model", help="an ONNX file (default: SqueezeNet from the onnx package)")
+    d.add_argument("--model", action="append", help="an ONNX file, repeatable (default: SqueezeNet from the onnx "
+                                                    "package, whose weights are all one constant)")
     d.add_argument("--repeat", type=int, default=10)
     r = sub.add_parser("run", help="run an ONNX model on random inputs, compare with ONNX Runtime, time it")
     r.add_argument("model")
