@@ -7,6 +7,7 @@ creates no new pipelines (`pipelines_created` counts them).
 
 from __future__ import annotations
 
+import os
 import string
 from importlib import resources
 from typing import Any, NamedTuple
@@ -21,6 +22,19 @@ from . import device as dev
 # WebGPU buffer sizes and copy sizes must be multiples of 4; 16 keeps vec4 loads of a tail in bounds.
 BUFFER_ALIGN = 16
 WORKGROUPS_PER_DIM = 65535
+
+
+FORCE_WRAPPER_ENCODE = os.environ.get("EMBER_WGPU_PY_ENCODE", "") not in ("", "0")
+_NULL: Any = None
+
+
+def _raw_lib() -> Any:
+    """wgpu-native's cffi library object (private to wgpu-py 0.32, pinned for that reason)."""
+    global _NULL
+    from wgpu.backends.wgpu_native import _api
+
+    _NULL = _api.ffi.NULL
+    return _api.lib
 
 
 class Dispatch(NamedTuple):
@@ -274,14 +288,29 @@ class WgpuBackend(ComputeBackend):
         self.queue.submit([encoder.finish()])
 
     def encode(self, encoder: Any, steps: list) -> None:
-        """Encode steps: consecutive dispatches share one compute pass; copies go between passes."""
+        """Encode steps: consecutive dispatches share one compute pass; copies go between passes.
+
+        Dispatches go straight to wgpu-native's C functions: wgpu-py's wrappers build cffi arrays and check
+        arguments on every call (~10 µs per dispatch from Python), and recorded steps were validated once,
+        when they were built. EMBER_WGPU_PY_ENCODE=1 takes the wrapper path instead.
+        """
+        raw = _raw_lib() if not FORCE_WRAPPER_ENCODE else None
         cpass = None
+        praw = None
         current = None
         for st in steps:
             if type(st) is Dispatch:
                 if cpass is None:
                     cpass = encoder.begin_compute_pass()
+                    praw = cpass._internal
                     current = None
+                if raw is not None:
+                    if st.pipeline is not current:
+                        raw.wgpuComputePassEncoderSetPipeline(praw, st.pipeline._internal)
+                        current = st.pipeline
+                    raw.wgpuComputePassEncoderSetBindGroup(praw, 0, st.bind_group._internal, 0, _NULL)
+                    raw.wgpuComputePassEncoderDispatchWorkgroups(praw, *st.grid)
+                    continue
                 if st.pipeline is not current:
                     cpass.set_pipeline(st.pipeline)
                     current = st.pipeline
