@@ -406,9 +406,13 @@ class ComputeBackend(ABC):
                                 None, View.contiguous(output, f32, output_shape), stride,
                                 (padding[0], padding[1], padding[0], padding[1]), (1, 1), 1)
 
-    @abstractmethod
     def record_attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
-                         seq_kv: int, head_dim: int, scale: float, causal: bool) -> list: ...
+                         seq_kv: int, head_dim: int, scale: float, causal: bool) -> list:
+        f32 = np.dtype(np.float32)
+        qs, kvs = (batch, heads, seq_q, head_dim), (batch, heads, seq_kv, head_dim)
+        return self.record_attention_views(View.contiguous(q, f32, qs), View.contiguous(k, f32, kvs),
+                                           View.contiguous(v, f32, kvs), None, View.contiguous(o, f32, qs),
+                                           scale, causal)
 
     def record_reduce(self, op: ReduceOp, input: int, output: int, outer: int, r: int, inner: int) -> list:
         f32 = np.dtype(np.float32)
@@ -457,6 +461,7 @@ class ComputeBackend(ABC):
         argmin_last (the arg ops need n_reduce == 1 and write int64 indices).
         """
 
+    @abstractmethod
     def record_attention_views(self, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
                                causal: bool) -> list:
         """out = softmax(scale * q @ kᵀ + mask) @ v over 4-D Views (B, H, S, D), any strides.
@@ -465,7 +470,6 @@ class ComputeBackend(ABC):
         mask is an additive float View already broadcast to (B, Hq, Sq, Skv), or None; `causal` masks keys
         j > i + Skv - Sq (bottom-right aligned). A query row that sees no key gives zeros.
         """
-        raise NotImplementedError(f"{self.name} backend: attention over views is not implemented")
 
     @abstractmethod
     def record_pool(self, kind: str, x: View, out: View, kernel: tuple[int, int], stride: tuple[int, int],

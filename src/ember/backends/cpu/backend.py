@@ -279,24 +279,6 @@ class CpuBackend(ComputeBackend):
 
         return [step]
 
-    def record_attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
-                         seq_kv: int, head_dim: int, scale: float, causal: bool) -> list[Step]:
-        f32 = np.dtype(np.float32)
-        qv = self.array(View.contiguous(q, f32, (batch, heads, seq_q, head_dim)))
-        kv = self.array(View.contiguous(k, f32, (batch, heads, seq_kv, head_dim)))
-        vv = self.array(View.contiguous(v, f32, (batch, heads, seq_kv, head_dim)))
-        ov = self.array(View.contiguous(o, f32, (batch, heads, seq_q, head_dim)))
-        mask = None
-        if causal:
-            i = np.arange(seq_q)[:, None]
-            j = np.arange(seq_kv)[None, :]
-            mask = np.where(j <= i + (seq_kv - seq_q), 0.0, -np.inf).astype(f32)
-
-        def step() -> None:
-            ov[...] = attention_numpy(qv, kv, vv, np.float32(scale), mask)
-
-        return [step]
-
     def record_norm(self, kind: str, x: View, scale: View | None, bias: View | None, out: View, n: int,
                     eps: float) -> list[Step]:
         if kind not in ("layernorm", "rmsnorm"):

@@ -19,7 +19,7 @@ from typing import Any
 from ..base import View
 from .backend import WgpuBackend, grid_1d
 from .elementwise import float_literal
-from .matmul import F32, Window, binding_windows, check_no_overlap, check_view, rebase_view, require_f32
+from .matmul import Window, binding_windows, check_no_overlap, check_view, rebase_view, require_f32
 
 MAX_HEAD_DIM = 256
 # (GY, GX, RQ, RK), best first: more rows and keys per thread reuse each workgroup-memory read more.
@@ -293,12 +293,3 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
     label = "attention"
     pipe = be.pipeline(label, src)
     return [be.dispatch(pipe, buffers, grid_1d(groups), label)]
-
-
-def record_attention(be: WgpuBackend, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
-                     seq_kv: int, head_dim: int, scale: float, causal: bool) -> list[Any]:
-    """Attention over contiguous (batch, heads, seq, head_dim) allocations."""
-    qshape, kvshape = (batch, heads, seq_q, head_dim), (batch, heads, seq_kv, head_dim)
-    return record_attention_views(be, View.contiguous(q, F32, qshape), View.contiguous(k, F32, kvshape),
-                                  View.contiguous(v, F32, kvshape), None, View.contiguous(o, F32, qshape), scale,
-                                  causal)

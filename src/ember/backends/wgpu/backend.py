@@ -361,12 +361,6 @@ class WgpuBackend(ComputeBackend):
 
         return record_gather(self, data, indices, axis, out)
 
-    def record_attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
-                         seq_kv: int, head_dim: int, scale: float, causal: bool) -> list:
-        from .attention import record_attention
-
-        return record_attention(self, q, k, v, o, batch, heads, seq_q, seq_kv, head_dim, scale, causal)
-
     def record_attention_views(self, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
                                causal: bool) -> list:
         from .attention import record_attention_views
