@@ -1,4 +1,4 @@
-"""Neural-network ops: Conv, pooling, normalisation, Softmax, LRN."""
+"""Neural-network ops: Conv, pooling, BatchNorm, InstanceNorm, LRN (Softmax and LayerNorm are in transformer.py)."""
 
 from __future__ import annotations
 
