@@ -24,11 +24,12 @@ from .plan.planner import host_value_inputs
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
-    shape: tuple[int | str | None, ...]
+    shape: tuple[int | str | None, ...] | None  # ints, strings for symbolic dims; None: not declared
     dtype: np.dtype
 
     def __repr__(self) -> str:
-        return f"TensorInfo(name={self.name!r}, shape={list(self.shape)}, dtype={self.dtype})"
+        shape = None if self.shape is None else list(self.shape)
+        return f"TensorInfo(name={self.name!r}, shape={shape}, dtype={self.dtype})"
 
 
 def check_supported(graph: Graph) -> None:
@@ -79,7 +80,8 @@ class Model:
         self._plans: dict[tuple, Plan] = {}
         self._lock = threading.Lock()
         self.inputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.inputs]
-        self.outputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.outputs]
+        # An output the model declares without a shape shows None until a plan knows it.
+        self.outputs = [TensorInfo(v.name, v.shape, v.dtype) for v in graph.outputs]
         self._stats = {f"{p}.{arm}": 0 for p in PATTERNS for arm in ("fused", "fallback")}
         self.rewrites: dict[str, int] = {}
         self._host_inputs = host_value_inputs(graph)
@@ -88,7 +90,12 @@ class Model:
                 raise ValueError(f"input {vi.name!r}: the model declares no tensor dtype/shape")
         # Everything static is compiled now, so the first run is as cheap as the others.
         if not self._host_inputs and all(isinstance(d, int) for v in graph.inputs for d in v.shape):
-            self._plan({v.name: tuple(v.shape) for v in graph.inputs}, {})
+            plan = self._plan({v.name: tuple(v.shape) for v in graph.inputs}, {})
+            # With static inputs every output shape is known now: fill in what the file left out.
+            known = {name: t.shape for name, t in plan.outputs}
+            self.outputs = [TensorInfo(o.name, o.shape if o.shape is not None and all(isinstance(d, (int, str))
+                                                                                        for d in o.shape)
+                                       else known[o.name], o.dtype) for o in self.outputs]
 
     @property
     def backend(self) -> str:
@@ -100,7 +107,8 @@ class Model:
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{i.name}: {i.dtype}{list(i.shape)}" for i in self.inputs)
-        outs = ", ".join(f"{o.name}: {o.dtype}{list(o.shape)}" for o in self.outputs)
+        outs = ", ".join(f"{o.name}: {o.dtype}{list(o.shape) if o.shape is not None else '[?]'}"
+                         for o in self.outputs)
         return f"<ember.Model {len(self.graph.nodes)} nodes on {self.backend!r}; inputs ({ins}); outputs ({outs})>"
 
     def _plan(self, shapes: dict[str, tuple[int, ...]], feeds: dict[str, np.ndarray]) -> Plan:
