@@ -247,8 +247,6 @@ class Attention(Op):
 
     def run(self, ctx: Context, q: T, k: T, v: T, mask: T | None = None, past_k: T | None = None,
             past_v: T | None = None, *rest: T | None) -> list[T]:
-        from .shape import Concat
-
         outs = [o for o in self.node.outputs]
         if len(outs) > 3 and outs[3]:
             raise self.fail("the qk_matmul_output output is not supported")
@@ -263,8 +261,8 @@ class Attention(Op):
             k, v = self._heads(ctx, k, hkv), self._heads(ctx, v, hkv)
         past = past_k.shape[2] if past_k is not None else 0
         if past_k is not None:
-            k = self._concat(ctx, Concat, past_k, k)
-            v = self._concat(ctx, Concat, past_v, v)
+            k = self._concat(ctx, past_k, k)
+            v = self._concat(ctx, past_v, v)
         scale = self.a["scale"] if self.a["scale"] is not None else 1.0 / math.sqrt(q.shape[3])
         if mask is not None and mask.shape[-1] < k.shape[2]:  # a mask shorter than the keys pads with -inf
             raise self.fail("an attention mask shorter than the key sequence is not supported")
@@ -295,11 +293,12 @@ class Attention(Op):
         split = reshape_view(ctx, t, (b, s, heads, hd // heads))
         return T(t.dtype, (b, heads, s, hd // heads), view=ctx.view(split).permute((0, 2, 1, 3)))
 
-    def _concat(self, ctx: Context, concat: type, past: T, new: T) -> T:
-        shape = past.shape[:2] + (past.shape[2] + new.shape[2],) + past.shape[3:]
-        out = ctx.new(new.dtype, shape)
+    def _concat(self, ctx: Context, past: T, new: T) -> T:
+        """past ++ new along the sequence axis (the present key/value)."""
         from .shape import copy_into
 
+        shape = past.shape[:2] + (past.shape[2] + new.shape[2],) + past.shape[3:]
+        out = ctx.new(new.dtype, shape)
         st = out.view.strides
         if past.size:
             copy_into(ctx, ctx.view(past), View(out.view.handle, out.dtype, past.shape, st, 0))

@@ -15,10 +15,11 @@ import numpy as np
 
 from ..backends.base import ComputeBackend, View
 from ..backends.cpu import CpuBackend
+from ..backends.expr import inp
 from ..device_array import DeviceArray
 from ..ir import Graph
 from ..ops import Context, T, UnsupportedError, lookup
-from ..ops.base import referenced_handles
+from ..ops.base import kind_of, referenced_handles
 
 _FOLD = threading.local()
 
@@ -204,9 +205,6 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
                                        or t.view.handle in seen):
                 # Views of inputs or of other outputs get their own buffer, so reading one is never stale.
                 copy = ctx.alloc(t.dtype, t.shape, pinned=True)
-                from ..backends.expr import inp
-                from ..ops.base import kind_of
-
                 ctx.record(backend.record_elementwise(inp(0, kind_of(t.dtype)), [t.view], copy))
                 t = T(t.dtype, t.shape, view=copy)
             if t.view is not None:

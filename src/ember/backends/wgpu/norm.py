@@ -22,6 +22,17 @@ USE_SUBGROUPS = True  # tests switch this off to cover the workgroup-memory path
 
 KINDS = ("layernorm", "rmsnorm")
 
+# Shared by norm.wgsl and softmax.wgsl (WGSL has no include).
+COMPENSATED_SUM = """\
+// Neumaier's compensated sum: (sum, compensation).
+fn acc(a: vec2<f32>, y: f32) -> vec2<f32> {
+    let t = a.x + y;
+    let c = select((y - t) + a.x, (a.x - t) + y, abs(a.x) >= abs(y));
+    return vec2<f32>(t, a.y + c);
+}
+// The compensated sum's value; an infinite sum stays itself (its compensation is inf - inf = NaN).
+fn total(a: vec2<f32>) -> f32 { return select(a.x + a.y, a.x, is_inf(a.x)); }"""
+
 
 def _pow2ceil(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
@@ -213,6 +224,7 @@ def record_norm(be: WgpuBackend, kind: str, x: View, scale: View | None, bias: V
     src = be.kernel_source(
         "norm", PRELUDE=PRELUDE, BINDINGS=decls, N=n, NF=float_literal(float(n)), EPS=float_literal(eps),
         TX=tx, TY=ty, ROWS=rows, CPL=cpl, WG=tx * ty, ROW_SUM=lane_reduce("row_sum", "a + b", ty, subgroups),
+        COMPENSATED_SUM=COMPENSATED_SUM,
         SG_ARGS=", @builtin(subgroup_size) sg: u32" if subgroups else "", X_OFF=x.offset, OUT_OFF=out.offset,
         BODY="\n".join(body))
     label = f"norm:{kind}"

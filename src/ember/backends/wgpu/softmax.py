@@ -47,6 +47,7 @@ def record_softmax(be: WgpuBackend, x: View, out: View, n: int, log: bool) -> li
         "softmax", PRELUDE=PRELUDE, BINDINGS=decls, N=n, TX=tx, TY=ty, ROWS=rows, CPL=cpl, WG=tx * ty,
         ROW_MAX=norm.lane_reduce("row_max", "fmax_nan(a, b)", ty, subgroups),
         ROW_SUM=norm.lane_reduce("row_sum", "a + b", ty, subgroups),
+        COMPENSATED_SUM=norm.COMPENSATED_SUM,
         SG_ARGS=", @builtin(subgroup_size) sg: u32" if subgroups else "", X_OFF=x.offset, OUT_OFF=out.offset,
         BODY="\n".join(body))
     label = "logsoftmax" if log else "softmax"

@@ -29,14 +29,7 @@ var<workgroup> sh: array<f32, ${WG}>;
 
 ${ROW_SUM}
 
-// Neumaier's compensated sum: (sum, compensation).
-fn acc(a: vec2<f32>, y: f32) -> vec2<f32> {
-    let t = a.x + y;
-    let c = select((y - t) + a.x, (a.x - t) + y, abs(a.x) >= abs(y));
-    return vec2<f32>(t, a.y + c);
-}
-// The compensated sum's value; an infinite sum stays itself (its compensation is inf - inf = NaN).
-fn total(a: vec2<f32>) -> f32 { return select(a.x + a.y, a.x, is_inf(a.x)); }
+${COMPENSATED_SUM}
 
 @compute @workgroup_size(${WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
