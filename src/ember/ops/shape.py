@@ -52,7 +52,6 @@ def copy_into(ctx: Context, src: View, dst: View) -> None:
 class Reshape(Op):
     host_inputs = (1,)
     attrs = {"shape": None, "allowzero": 0}
-    foldable = True
 
     def run(self, ctx: Context, x: T, shape: T | None = None) -> list[T]:
         want = list(self.a["shape"]) if shape is None else host_ints(self, shape, "shape")

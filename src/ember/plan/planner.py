@@ -174,7 +174,7 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
             missing = [i for i in node.inputs if i and i not in env]
             if missing:
                 raise ValueError(f"{node.describe()}: input(s) {missing} are produced by no node")
-            if all(t is None or t.is_const for t in ins) and getattr(op, "foldable", True):
+            if all(t is None or t.is_const for t in ins):
                 outs = _fold(op, ins)
             else:
                 outs = op.run(ctx, *ins)

@@ -237,11 +237,6 @@ class WgpuBackend(ComputeBackend):
             raise AssertionError(f"kernel {label!r}: grid {grid} exceeds 65,535 workgroups per dimension")
         return Dispatch(pipeline, group, grid, label)
 
-    def uniform(self, data: bytes) -> Any:
-        """A small read-only storage buffer with constant data (kept alive by the bind group)."""
-        buf = self.device.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.STORAGE)
-        return buf
-
     def record_copy(self, src: int, dst: int, nbytes: int) -> list:
         size = -(-nbytes // 4) * 4  # copy sizes must be multiples of 4; buffers are padded to 16
         return [Copy(self._bufs[src], 0, self._bufs[dst], 0, size)]
