@@ -48,6 +48,22 @@ def check_supported(graph: Graph) -> None:
         raise NotImplementedError(f"{len(problems)} unsupported node(s) in the model:\n" + "\n".join(problems))
 
 
+# f32: every float tensor as the model declares it. f16: float32 weights and activations stored as float16
+# on the device (half the memory traffic), computed and accumulated in float32 inside each kernel; inputs
+# and outputs stay float32.
+PRECISIONS = ("f32", "f16")
+
+
+def check_f16(be: ComputeBackend) -> None:
+    be._require_init()
+    if be.name != "wgpu":
+        raise ValueError(f"precision='f16' needs the wgpu backend (got backend {be.name!r}, which computes in "
+                         "float32); use precision='f32' there")
+    if "shader-f16" not in be.features:
+        raise ValueError(f"precision='f16': the adapter {be.adapter_name} lacks the WebGPU 'shader-f16' feature; "
+                         "use precision='f32'")
+
+
 def cast_feed(name: str, value: Any, expected: np.dtype) -> np.ndarray:
     """The casting rule for feeds: a value converts only within its kind (float->float, int->int at a
     width that holds every value, bool->bool). int->float, float->int or anything -> bool is refused,
@@ -72,11 +88,16 @@ class Model:
     """A loaded ONNX model bound to one backend. Plans are built once per input-shape signature."""
 
     def __init__(self, graph: Graph, backend: str | ComputeBackend, source: str, fuse: bool = True,
-                 **backend_opts: Any) -> None:
+                 precision: str = "f32", **backend_opts: Any) -> None:
         self.graph = graph
         self.fuse = fuse
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision: expected one of {list(PRECISIONS)}, got {precision!r}")
         self.source = source
         self._be = backend if isinstance(backend, ComputeBackend) else shared_backend(backend, **backend_opts)
+        if precision == "f16":
+            check_f16(self._be)
+        self.precision = precision
         self._plans: dict[tuple, Plan] = {}
         self._lock = threading.Lock()
         self.inputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.inputs]
@@ -118,7 +139,8 @@ class Model:
                tuple((n, host[n].tobytes()) for n in sorted(host)))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse)
+            plan = self._plans[key] = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse,
+                                                          precision=self.precision)
         return plan
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -248,7 +270,10 @@ def shared_backend(name: str, **opts: Any) -> ComputeBackend:
 
 def load_onnx(model: Any, backend: str | ComputeBackend = "auto", **options: Any) -> Model:
     """Load an ONNX model (path, bytes or onnx.ModelProto) onto a backend: "auto", "wgpu", "cpu" (models on
-    the same name share one device), or a ComputeBackend object from ember.backend()."""
+    the same name share one device), or a ComputeBackend object from ember.backend().
+
+    Options: fuse=False (one kernel per node, no graph rewrites); precision="f16" (wgpu on adapters with
+    shader-f16: float16 storage, float32 arithmetic); adapter / power_preference for the wgpu device."""
     if isinstance(backend, ComputeBackend):
         backend._require_init()
     elif not (isinstance(backend, str) and backend.lower() == "auto"):

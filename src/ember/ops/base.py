@@ -197,6 +197,8 @@ class Op:
     attrs: ClassVar[dict[str, Any]] = {}
     # Inputs whose *value* (not just shape) the op needs at plan time (e.g. Reshape's shape).
     host_inputs: ClassVar[tuple[int, ...]] = ()
+    # Every kernel this op records takes float16 storage (precision="f16"); else it runs on float32 copies.
+    f16: ClassVar[bool] = False
 
     def __init__(self, node: Node) -> None:
         self.node = node

@@ -108,6 +108,7 @@ def args(inputs: list[T]) -> list[Expr]:
 
 class Unary(Op):
     """An op whose result is `build(x, attrs)` with the input's dtype."""
+    f16 = True
 
     build: Callable[..., Expr]
 
@@ -166,12 +167,14 @@ unary("Shrink", 9, lambda x, bias, lambd: call("where", call("lt", x, _f(-lambd)
 
 @register("IsNaN", 9)
 class IsNaN(Op):
+    f16 = True
     def run(self, ctx: Context, x: T) -> list[T]:
         return [emit(ctx, self, call("isnan", inp(0)), [x], np.dtype(bool))]
 
 
 @register("IsInf", 10)
 class IsInf(Op):
+    f16 = True
     attrs = {"detect_negative": 1, "detect_positive": 1}
 
     def run(self, ctx: Context, x: T) -> list[T]:
@@ -188,6 +191,7 @@ class Not(Op):
 
 
 class Binary(Op):
+    f16 = True
     fn: str
     result_bool = False
     attrs = {"broadcast": 0, "axis": None}
@@ -215,6 +219,7 @@ for _name, _fn, _since in [("Equal", "eq", 7), ("Less", "lt", 7), ("Greater", "g
 
 @register("Pow", 7)
 class Pow(Op):
+    f16 = True
     def run(self, ctx: Context, x: T, y: T) -> list[T]:
         ex, ey = args([x, y])
         if kind_of(y.dtype) != kind_of(x.dtype):
@@ -224,6 +229,7 @@ class Pow(Op):
 
 @register("Mod", 10)
 class Mod(Op):
+    f16 = True
     attrs = {"fmod": 0}
 
     def run(self, ctx: Context, a: T, b: T) -> list[T]:
@@ -233,6 +239,7 @@ class Mod(Op):
 
 @register("PRelu", 7)
 class PRelu(Op):
+    f16 = True
     def run(self, ctx: Context, x: T, slope: T) -> list[T]:
         ex, es = args([x, slope])
         return [emit(ctx, self, _where_neg(ex, call("mul", es, ex)), [x, slope], x.dtype)]
@@ -240,6 +247,7 @@ class PRelu(Op):
 
 class Variadic(Op):
     """Max/Min/Sum/Mean over any number of broadcast inputs, folded into one kernel."""
+    f16 = True
 
     fn: str
     mean = False
@@ -261,12 +269,14 @@ for _name, _fn, _mean in [("Max", "max", False), ("Min", "min", False), ("Sum", 
 
 @register("Where", 9)
 class Where(Op):
+    f16 = True
     def run(self, ctx: Context, c: T, x: T, y: T) -> list[T]:
         return [emit(ctx, self, call("where", *args([c, x, y])), [c, x, y], x.dtype)]
 
 
 @register("Clip", 6)
 class Clip(Op):
+    f16 = True
     attrs = {"min": -math.inf, "max": math.inf}
 
     def run(self, ctx: Context, x: T, lo: T | None = None, hi: T | None = None) -> list[T]:
@@ -329,6 +339,7 @@ class CastLike(Op):
 @register("Identity", 1)
 class Identity(Op):
     """Dropped: its output is its input (no step)."""
+    f16 = True
 
     def run(self, ctx: Context, x: T) -> list[T]:
         return [x]
@@ -337,6 +348,7 @@ class Identity(Op):
 @register("Dropout", 1)
 class Dropout(Op):
     """Inference mode: the identity, and an all-true mask when the mask output is used."""
+    f16 = True
 
     host_inputs = (2,)
 

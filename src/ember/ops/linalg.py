@@ -25,6 +25,7 @@ def as_3d(v: View, batch: tuple[int, ...]) -> View | None:
 
 @register("MatMul", 1)
 class MatMul(Op):
+    f16 = True
     def run(self, ctx: Context, a: T, b: T) -> list[T]:
         if a.dtype.kind != "f" or b.dtype != a.dtype:
             raise self.fail(f"MatMul of {a.dtype} x {b.dtype} is not supported (float tensors only)")
@@ -79,6 +80,7 @@ class MatMul(Op):
 
 @register("Gemm", 1)
 class Gemm(Op):
+    f16 = True
     attrs = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0, "broadcast": 0}
 
     def run(self, ctx: Context, a: T, b: T, c: T | None = None) -> list[T]:

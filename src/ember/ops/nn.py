@@ -39,6 +39,7 @@ def to_2d(ctx: Context, t: T) -> T:
 
 @register("Conv", 1)
 class Conv(Op):
+    f16 = True
     attrs = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None, "pads": None,
              "strides": None}
 
@@ -76,6 +77,7 @@ class Conv(Op):
 
 
 class Pool(Op):
+    f16 = True
     attrs = {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None, "kernel_shape": None, "pads": None,
              "strides": None, "storage_order": 0, "count_include_pad": 0, "p": 2}
     kind: str
@@ -146,6 +148,7 @@ register("LpPool", 2)(type("LpPool", (Pool,), {"kind": "lp"}))
 
 
 class GlobalPool(Op):
+    f16 = True
     fn: str
     attrs = {"p": 2}
 

@@ -31,6 +31,7 @@ def reduce_axes(ctx: Context, op: str, x: T, axes: list[int], out_dtype: np.dtyp
 
 
 class Reduce(Op):
+    f16 = True
     host_inputs = (1,)
     attrs = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}
     fn: str
@@ -56,6 +57,7 @@ for _name, _fn in [("ReduceSum", "sum"), ("ReduceMean", "mean"), ("ReduceMax", "
 
 
 class Arg(Op):
+    f16 = True
     attrs = {"axis": 0, "keepdims": 1, "select_last_index": 0}
     fn: str
 

@@ -50,6 +50,7 @@ def copy_into(ctx: Context, src: View, dst: View) -> None:
 
 @register("Reshape", 1)
 class Reshape(Op):
+    f16 = True
     host_inputs = (1,)
     attrs = {"shape": None, "allowzero": 0}
 
@@ -76,6 +77,7 @@ class Reshape(Op):
 
 @register("Flatten", 1)
 class Flatten(Op):
+    f16 = True
     attrs = {"axis": 1}
 
     def run(self, ctx: Context, x: T) -> list[T]:
@@ -85,6 +87,7 @@ class Flatten(Op):
 
 
 class _Axes(Op):
+    f16 = True
     host_inputs = (1,)
     attrs = {"axes": None}
 
@@ -119,6 +122,7 @@ class Unsqueeze(_Axes):
 
 @register("Transpose", 1)
 class Transpose(Op):
+    f16 = True
     attrs = {"perm": None}
 
     def run(self, ctx: Context, x: T) -> list[T]:
@@ -130,6 +134,7 @@ class Transpose(Op):
 
 @register("Concat", 1)
 class Concat(Op):
+    f16 = True
     attrs = {"axis": 1}
 
     def run(self, ctx: Context, *xs: T) -> list[T]:
@@ -168,6 +173,7 @@ def slice_view(ctx: Context, x: T, axis: int, start: int, stop: int, step: int =
 
 @register("Slice", 1)
 class Slice(Op):
+    f16 = True
     host_inputs = (1, 2, 3, 4)
     attrs = {"starts": None, "ends": None, "axes": None}
 
@@ -192,6 +198,7 @@ class Slice(Op):
 
 @register("Split", 1)
 class Split(Op):
+    f16 = True
     host_inputs = (1,)
     attrs = {"axis": 0, "split": None, "num_outputs": None}
 
@@ -215,6 +222,7 @@ class Split(Op):
 
 @register("Expand", 8)
 class Expand(Op):
+    f16 = True
     host_inputs = (1,)
     def run(self, ctx: Context, x: T, shape: T) -> list[T]:
         want = host_ints(self, shape, "shape")
@@ -227,6 +235,7 @@ class Expand(Op):
 
 @register("Tile", 6)
 class Tile(Op):
+    f16 = True
     host_inputs = (1,)
     def run(self, ctx: Context, x: T, repeats: T) -> list[T]:
         reps = host_ints(self, repeats, "repeats")
@@ -243,6 +252,7 @@ class Tile(Op):
 
 @register("Pad", 1)
 class Pad(Op):
+    f16 = True
     host_inputs = (1, 2, 3)
     attrs = {"mode": "constant", "pads": None, "value": 0.0, "paddings": None}
 
@@ -344,6 +354,7 @@ class EyeLike(Op):
 
 @register("Gather", 1)
 class Gather(Op):
+    f16 = True
     attrs = {"axis": 0}
 
     def run(self, ctx: Context, data: T, indices: T) -> list[T]:
@@ -365,6 +376,7 @@ class Gather(Op):
 
 
 class _SpaceDepth(Op):
+    f16 = True
     attrs = {"blocksize": 1, "mode": "DCR"}
 
 

@@ -20,6 +20,7 @@ from .shape import norm_axis, reshape_view
 
 EMBER = "ai.ember"
 PATTERNS = ("rmsnorm", "layernorm", "softmax", "gelu", "attention")
+FLOATS = (np.dtype(np.float32), np.dtype(np.float16))  # the row kernels compute in f32 either way
 
 
 def _vector(ctx: Context, t: T | None, n: int) -> View | None:
@@ -32,7 +33,7 @@ def _vector(ctx: Context, t: T | None, n: int) -> View | None:
 def fused_norm(ctx: Context, op: Op, kind: str, x: T, axis: int, scale: T | None, bias: T | None,
                eps: float) -> T | None:
     """The fused row kernel when it applies (float32, normalising trailing dims, vector scale/bias)."""
-    if not hasattr(ctx.backend, "record_norm") or x.dtype != np.float32 or x.size == 0:
+    if not hasattr(ctx.backend, "record_norm") or x.dtype not in FLOATS or x.size == 0:
         return None
     n = math.prod(x.shape[axis:])
     sv, bv = _vector(ctx, scale, n), _vector(ctx, bias, n)
@@ -55,6 +56,7 @@ def decomposed_rms(ctx: Context, op: Op, x: T, axes: list[int], eps: float, scal
 
 @register("LayerNormalization", 17)
 class LayerNormalization(Op):
+    f16 = True
     attrs = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
 
     def run(self, ctx: Context, x: T, scale: T | None = None, bias: T | None = None) -> list[T]:
@@ -83,6 +85,7 @@ register("LayerNorm", 1, EMBER)(type("LayerNorm", (LayerNormalization,), {}))
 
 @register("RMSNormalization", 23)
 class RMSNormalization(Op):
+    f16 = True
     attrs = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
 
     def run(self, ctx: Context, x: T, scale: T | None = None) -> list[T]:
@@ -101,6 +104,7 @@ register("RMSNorm", 1, EMBER)(type("RMSNorm", (RMSNormalization,), {}))
 @register("Gelu", 20)
 class Gelu(Op):
     """One elementwise kernel (the erf or tanh form), which a producing MatMul/Conv takes as its epilogue."""
+    f16 = True
 
     attrs = {"approximate": "none"}
 
@@ -118,7 +122,7 @@ def softmax(ctx: Context, op: Op, x: T, axis: int, log: bool, legacy: bool = Fal
     if legacy:
         x2 = reshape_view(ctx, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
         return reshape_view(ctx, softmax(ctx, op, x2, 1, log), x.shape)
-    if hasattr(ctx.backend, "record_softmax") and x.dtype == np.float32 and x.size:
+    if hasattr(ctx.backend, "record_softmax") and x.dtype in FLOATS and x.size:
         ctx.count("softmax.fused")
         perm = [i for i in range(x.rank) if i != axis] + [axis]
         moved = T(x.dtype, tuple(x.shape[p] for p in perm), view=ctx.view(x).permute(perm))
@@ -142,6 +146,7 @@ def softmax(ctx: Context, op: Op, x: T, axis: int, log: bool, legacy: bool = Fal
 
 
 class SoftmaxBase(Op):
+    f16 = True
     attrs = {"axis": None}
     log = False
 
@@ -171,7 +176,7 @@ def attention(ctx: Context, op: Op, q: T, k: T, v: T, mask: T | None, scale: flo
                         np.dtype(np.float32))
         mview = ctx.view(mask).broadcast_to((b, hq, sq, skv))
     out = ctx.new(q.dtype, shape)
-    if q.dtype == np.float32 and dv == d:
+    if q.dtype in FLOATS and dv == d:
         try:
             steps = ctx.backend.record_attention_views(ctx.view(q), ctx.view(k), ctx.view(v), mview, out.view,
                                                        float(scale), causal)
@@ -216,6 +221,7 @@ def attention(ctx: Context, op: Op, q: T, k: T, v: T, mask: T | None, scale: flo
 @register("Attention", 1, EMBER)
 class EmberAttention(Op):
     """softmax(scale * Q @ KT + mask) @ V, from the exported MatMul/Div/Add/Softmax/MatMul pattern (KT = Kᵀ)."""
+    f16 = True
 
     attrs = {"scale": 1.0}
 
@@ -241,6 +247,7 @@ class EmberAttention(Op):
 class Attention(Op):
     """ONNX Attention-23: 4-D (B, H, S, D) or 3-D (B, S, H*D) inputs, boolean or additive mask, causal,
     grouped-query heads, past key/value concatenated in front."""
+    f16 = True
 
     attrs = {"is_causal": 0, "kv_num_heads": None, "q_num_heads": None, "qk_matmul_output_mode": 0, "scale": None,
              "softcap": 0.0, "softmax_precision": None}

@@ -20,6 +20,7 @@ from ..device_array import DeviceArray
 from ..ir import Graph
 from ..ops import Context, T, UnsupportedError, lookup
 from ..ops.base import kind_of, referenced_handles
+from ..ops.elementwise import emit
 
 _FOLD = threading.local()
 
@@ -141,10 +142,51 @@ def host_value_inputs(graph: Graph) -> set[str]:
     return out
 
 
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+
+
+class _Precision:
+    """precision="f16": float32 data goes to float16 at the input of every op whose kernels store f16
+    (`Op.f16`), and an op without f16 kernels gets float32 inputs back; both conversions are lazy
+    elementwise casts, so they fuse into neighbouring elementwise kernels or Conv/MatMul epilogues.
+    Constant folding and host inputs (shape arithmetic) keep their float32 values."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.consts: dict[tuple[int, str], T] = {}
+
+    def convert(self, op: Any, t: T | None, dtype: np.dtype) -> T | None:
+        if t is None or t.dtype.kind != "f" or t.dtype == dtype or t.dtype.itemsize > 4:
+            return t
+        if t.is_const:
+            key = (id(t), dtype.str)
+            if key not in self.consts:  # one device copy per weight, however many nodes read it
+                self.consts[key] = T(dtype, t.shape, value=np.asarray(t.value).astype(dtype))
+            return self.consts[key]
+        out = emit(self.ctx, op, inp(0, "float"), [t], dtype)
+        out.uses = 1  # read by this node only: it may fuse into the node's own kernel
+        return out
+
+    def inputs(self, op: Any, ins: list[T | None]) -> list[T | None]:
+        want = F16 if getattr(op, "f16", False) else F32
+        if want == F32 and not any(t is not None and t.dtype == F16 for t in ins):
+            return ins
+        host = set(getattr(op, "host_inputs", ()))
+        ins = [t if i in host else self.convert(op, t, want) for i, t in enumerate(ins)]
+        if want == F32:
+            self.ctx.count("f16.nodes_in_f32")
+        else:
+            self.ctx.count("f16.nodes")
+        return ins
+
+
 def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[int, ...]],
-               host_values: dict[str, np.ndarray] | None = None, fuse: bool = True) -> Plan:
+               host_values: dict[str, np.ndarray] | None = None, fuse: bool = True,
+               precision: str = "f32") -> Plan:
     ctx = Context(backend)
     ctx.fuse = fuse
+    mixed = _Precision(ctx) if precision == "f16" else None
     env: dict[str, T] = {name: T(arr.dtype, arr.shape, value=arr) for name, arr in graph.initializers.items()}
     inputs = []
     host_values = host_values or {}
@@ -177,7 +219,7 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
             if all(t is None or t.is_const for t in ins):
                 outs = _fold(op, ins)
             else:
-                outs = op.run(ctx, *ins)
+                outs = op.run(ctx, *(mixed.inputs(op, ins) if mixed else ins))
             for name, t in zip(node.outputs, outs, strict=False):
                 if name:
                     env[name] = t
@@ -197,6 +239,9 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
         seen: set[int] = set()
         for vi in graph.outputs:
             t = env[vi.name]
+            if mixed and t.dtype == F16 and vi.dtype != F16:  # the model's float32 outputs stay float32
+                ctx.node = f"output {vi.name} (to float32)"
+                t = mixed.convert(None, t, F32)
             if t.lazy is not None:
                 ctx.view(t)
             if vi.dtype is not None and t.dtype != vi.dtype:

@@ -19,7 +19,7 @@ from typing import Any
 from ..base import View
 from .backend import WgpuBackend, grid_1d
 from .elementwise import float_literal
-from .matmul import Window, binding_windows, check_no_overlap, check_view, rebase_view, require_f32
+from .matmul import Window, binding_windows, check_no_overlap, check_view, rebase_view, require_float
 
 MAX_HEAD_DIM = 256
 # (GY, GX, RQ, RK), best first: more rows and keys per thread reuse each workgroup-memory read more.
@@ -68,25 +68,26 @@ def lin(base: int | str, terms: list[tuple[str, int]]) -> str:
 
 
 def _row_io(name: str, vec: bool, sd: int) -> str:
+    """Body of a row-chunk loader: vec4<f32> from f32 or f16 storage (f16 is computed in f32)."""
     if vec:
-        return f"    return {name}[base / 4u + c];"
+        return f"    return vec4<f32>({name}[base / 4u + c]);"
     return "\n".join([
         "    var x = vec4<f32>(0.0);",
         "    for (var i = 0u; i < 4u; i++) {",
         "        let d = c * 4u + i;",
-        f"        if (d < D) {{ x[i] = {name}[{lin('base', [('d', sd)])}]; }}",
+        f"        if (d < D) {{ x[i] = f32({name}[{lin('base', [('d', sd)])}]); }}",
         "    }",
         "    return x;",
     ])
 
 
-def _store(name: str, vec: bool, sd: int) -> str:
+def _store(name: str, vec: bool, sd: int, st: str) -> str:
     if vec:
-        return f"    {name}[base / 4u + c] = x;"
+        return f"    {name}[base / 4u + c] = vec4<{st}>(x);"
     return "\n".join([
         "    for (var i = 0u; i < 4u; i++) {",
         "        let d = c * 4u + i;",
-        f"        if (d < D) {{ {name}[{lin('base', [('d', sd)])}] = x[i]; }}",
+        f"        if (d < D) {{ {name}[{lin('base', [('d', sd)])}] = {st}(x[i]); }}",
         "    }",
     ])
 
@@ -121,10 +122,10 @@ def _body(gx: int, rq: int, rk: int, nc: int, d4: int, causal: bool, off: int, o
     if mask is not None:
         sc += [f"        let mk{k} = min(jg{k}, SKL);" for k in keys]
         if mask[1]:
-            sc += [f"        s{i}_{k} += {mask[0]}[{lin(f'mr{i}', [(f'mk{k}', mask[2])])}];"
+            sc += [f"        s{i}_{k} += f32({mask[0]}[{lin(f'mr{i}', [(f'mk{k}', mask[2])])}]);"
                    for i in rows for k in keys]
         else:  # one mask row for every query (a key padding mask): one load per key
-            sc += [f"        let mv{k} = {mask[0]}[{lin('mr0', [(f'mk{k}', mask[2])])}];" for k in keys]
+            sc += [f"        let mv{k} = f32({mask[0]}[{lin('mr0', [(f'mk{k}', mask[2])])}]);" for k in keys]
             sc += [f"        s{i}_{k} += mv{k};" for i in rows for k in keys]
     for i in rows:
         for k in keys:
@@ -181,7 +182,7 @@ def _squeeze_strides(v: View) -> View:
 
 def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
                            causal: bool) -> list[Any]:
-    require_f32("attention", q=q, k=k, v=v, mask=mask, out=out)
+    types = require_float("attention", q=q, k=k, v=v, mask=mask, out=out)
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("mask", mask)):
         if x is not None and len(x.shape) != 4:
             raise ValueError(f"attention: {name} must be a 4-D view (B, H, S, D), got shape {x.shape}")
@@ -237,6 +238,7 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
     shared = any(x.handle == out.handle for x in inputs)
     out_vec = _vec4_ok(out) and not shared
     reads: dict[tuple[int, Window | None, bool], str] = {}
+    ot = types[out.handle]
 
     def bind(x: View, w: Window | None, vec: bool) -> tuple[str, bool]:
         if x.handle == out.handle:
@@ -247,10 +249,10 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
     kn, kvec = bind(k, kw, _vec4_ok(k))
     vn, vvec = bind(v, vw, _vec4_ok(v))
     mn = bind(mask, mw, False)[0] if mask is not None else None
-    decls = [f"@group(0) @binding({i}) var<storage, read> {name}: array<{'vec4<f32>' if vec else 'f32'}>;"
-             for i, ((_, _, vec), name) in enumerate(reads.items())]
+    decls = [f"@group(0) @binding({i}) var<storage, read> {name}: array<{f'vec4<{types[h]}>' if vec else types[h]}>;"
+             for i, ((h, _, vec), name) in enumerate(reads.items())]
     decls.append(f"@group(0) @binding({len(reads)}) var<storage, read_write> o: "
-                 f"array<{'vec4<f32>' if out_vec else 'f32'}>;")
+                 f"array<{f'vec4<{ot}>' if out_vec else ot}>;")
     buffers: dict[int, Any] = {i: h if w is None else (h, *w) for i, (h, w, _) in enumerate(reads)}
     buffers[len(reads)] = out.handle if ow is None else (out.handle, *ow)
 
@@ -283,8 +285,10 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
         SKL=max(seq_kv - 1, 0), HQ=hq, REP=hq // hkv, D=d, D4=d4, RS=rs, GX=gx, BQ=bq, BQP=bq | 1, BK=bk,
         WG=gy * gx, QBLOCKS=qblocks, GROUPS=groups, SCALE=float_literal(scale),
         QS_SIZE=bq * rs, KV_SIZE=bk * rs, PS_SIZE=bk * (bq | 1), RED_SIZE=bq * gx,
-        LOAD_Q=_row_io(qn, qvec, q.strides[3]), LOAD_K=_row_io(kn, kvec, k.strides[3]),
-        LOAD_V=_row_io(vn, vvec, v.strides[3]), STORE_O=_store("o", out_vec, out.strides[3]), BASES="\n".join(bases),
+        LOAD_Q=_row_io(qn, qvec, q.strides[3]),
+        LOAD_K=_row_io(kn, kvec, k.strides[3]),
+        LOAD_V=_row_io(vn, vvec, v.strides[3]), STORE_O=_store("o", out_vec, out.strides[3], ot),
+        BASES="\n".join(bases),
         Q_ROW=lin("qb", [("min(i, SQL)", q.strides[2])]), K_ROW=lin("kb", [("min(j0 + j, SKL)", k.strides[2])]),
         V_ROW=lin("vb", [("min(j0 + j, SKL)", v.strides[2])]), KEND=kend,
         **_body(gx, rq, rk, nc, d4, causal, off, out.strides[2],

@@ -8,6 +8,7 @@ creates no new pipelines (`pipelines_created` counts them).
 from __future__ import annotations
 
 import os
+import re
 import string
 from importlib import resources
 from typing import Any, NamedTuple
@@ -58,7 +59,8 @@ def storage_type(dtype: np.dtype) -> str:
     if kind == "f":
         if np.dtype(dtype).itemsize > 4:
             raise NotImplementedError(f"wgpu backend: {np.dtype(dtype).name} tensors are not supported on the GPU")
-        return "f32"
+        # float16 is stored as WGSL f16 (kernels compute in f32): needs the adapter's shader-f16 feature.
+        return "f16" if np.dtype(dtype).itemsize == 2 else "f32"
     if kind == "b":
         return "u32"
     if kind in "iu":
@@ -66,7 +68,9 @@ def storage_type(dtype: np.dtype) -> str:
     raise NotImplementedError(f"wgpu backend: dtype {np.dtype(dtype).name} is not supported")
 
 
-NUMPY_STORAGE = {"f32": np.dtype(np.float32), "i32": np.dtype(np.int32), "u32": np.dtype(np.uint32)}
+NUMPY_STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "i32": np.dtype(np.int32),
+                 "u32": np.dtype(np.uint32)}
+_USES_F16 = re.compile(r"\bf16\b|vec[234]h\b")
 
 
 def grid_1d(groups: int) -> tuple[int, int, int]:
@@ -165,7 +169,7 @@ class WgpuBackend(ComputeBackend):
             raise ValueError("download: the view must be contiguous")
         if n == 0:
             return np.empty(view.shape, view.dtype)
-        raw = np.frombuffer(self._device_read(view.handle, view.offset * 4, n * st.itemsize), st)
+        raw = np.frombuffer(self._device_read(view.handle, view.offset * st.itemsize, n * st.itemsize), st)
         return raw.reshape(view.shape).astype(view.dtype)
 
     def record_readback(self, view: View) -> tuple[list, Any]:
@@ -177,7 +181,10 @@ class WgpuBackend(ComputeBackend):
         nbytes = max(view.size * st.itemsize, 4)
         size = -(-nbytes // 4) * 4
         staging = self.device.create_buffer(size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-        steps = [Copy(self._bufs[view.handle], view.offset * 4, staging, 0, size)] if view.size else []
+        # Buffer copies move whole 4-byte words: an f16 view at an odd offset would need a kernel instead.
+        if (view.offset * st.itemsize) % 4:
+            raise NotImplementedError("record_readback: the view must start on a 4-byte boundary")
+        steps = [Copy(self._bufs[view.handle], view.offset * st.itemsize, staging, 0, size)] if view.size else []
 
         def read() -> np.ndarray:
             if view.size == 0:
@@ -206,6 +213,11 @@ class WgpuBackend(ComputeBackend):
     def pipeline(self, label: str, source: str, *, trusted: bool = True) -> Any:
         """A compute pipeline for WGSL `source` (entry point `main`), built once and cached."""
         trusted = trusted and not self.checked
+        if _USES_F16.search(source) and not source.lstrip().startswith("enable f16;"):
+            if "shader-f16" not in self.features:
+                raise NotImplementedError(f"wgpu: kernel {label!r} stores float16, but this adapter "
+                                          f"({self.adapter_name}) lacks the shader-f16 feature")
+            source = "enable f16;\n" + source
         key = (source, trusted)
         p = self._pipelines.get(key)
         if p is None:

@@ -19,7 +19,6 @@ from . import matmul as mm
 from .backend import WgpuBackend, grid_1d
 from .elementwise import PRELUDE
 from .matmul import (
-    F32,
     Bindings,
     Epilogue,
     Loader,
@@ -29,7 +28,7 @@ from .matmul import (
     check_view,
     log2,
     record_matmul,
-    require_f32,
+    require_float,
     strided_loader,
     u,
 )
@@ -175,7 +174,7 @@ def _conv_shape(x: View, w: View, out: View, stride: tuple[int, int], pads: tupl
 def record_conv(be: WgpuBackend, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                 pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
                 act: Expr | None = None) -> list:
-    require_f32("conv", x=x, w=w, bias=bias, out=out)
+    types = require_float("conv", x=x, w=w, bias=bias, out=out)
     cs = _conv_shape(x, w, out, tuple(stride), tuple(pads), tuple(dilation), int(groups))
     if bias is not None and (len(bias.shape) != 1 or bias.shape[0] != cs.k):
         raise ValueError(f"conv: bias must have shape ({cs.k},), got {bias.shape}")
@@ -191,14 +190,15 @@ def record_conv(be: WgpuBackend, x: View, w: View, bias: View | None, out: View,
 
     if (groups == 1 and cs.r == cs.s == 1 and (cs.sh, cs.sw) == (1, 1) and not any(pads)):
         hw = cs.h * cs.w
-        a = View(w.handle, F32, (cs.n, cs.k, cs.c), (0, cs.c, 1), w.offset)
-        b = View(x.handle, F32, (cs.n, cs.c, hw), (cs.c * hw, hw, 1), x.offset)
-        o = View(out.handle, F32, (cs.n, cs.k, hw), (cs.k * hw, hw, 1), out.offset)
-        bv = None if bias is None else View(bias.handle, F32, (cs.n, cs.k, hw), (0, bias.strides[0], 0), bias.offset)
+        a = View(w.handle, w.dtype, (cs.n, cs.k, cs.c), (0, cs.c, 1), w.offset)
+        b = View(x.handle, x.dtype, (cs.n, cs.c, hw), (cs.c * hw, hw, 1), x.offset)
+        o = View(out.handle, out.dtype, (cs.n, cs.k, hw), (cs.k * hw, hw, 1), out.offset)
+        bv = None if bias is None else View(bias.handle, bias.dtype, (cs.n, cs.k, hw), (0, bias.strides[0], 0),
+                                            bias.offset)
         return record_matmul(be, a, b, o, alpha=1.0, bias=bv, beta=1.0, act=act)
     if cs.cg == 1 and groups == cs.c:
-        return _record_depthwise(be, cs, x, w, bias, out, act)
-    return _record_implicit_gemm(be, cs, x, w, bias, out, act)
+        return _record_depthwise(be, cs, x, w, bias, out, act, types)
+    return _record_implicit_gemm(be, cs, x, w, bias, out, act, types)
 
 
 def _conv_epilogue(cs: ConvShape, out: View, bias: View | None, act: Expr | None, binds: Bindings,
@@ -214,7 +214,7 @@ def _conv_epilogue(cs: ConvShape, out: View, bias: View | None, act: Expr | None
 
 
 def _record_implicit_gemm(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: View | None, out: View,
-                          act: Expr | None) -> list:
+                          act: Expr | None, types: dict[int, str]) -> list:
     m, ncols, kk = cs.kg, cs.n * cs.p * cs.q, cs.cg * cs.r * cs.s
 
     def make_a(binds: Bindings, tile: Tile) -> Loader:
@@ -234,12 +234,12 @@ def _record_implicit_gemm(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias
              f"stride {(cs.sh, cs.sw)}, pads top/left {(cs.pt, cs.pl)}, dilation {(cs.dh, cs.dw)} -> P x Q "
              f"{cs.p}x{cs.q}", "Z = group; M = output channels per group; N = batch*P*Q; K = Cg*R*S"]
     return mm.record_gemm_kernel(be, "conv_igemm", m, ncols, kk, cs.groups, out.handle, make_a, make_b,
-                                 make_epilogue, notes)
+                                 make_epilogue, notes, types=types)
 
 
 def _record_depthwise(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: View | None, out: View,
-                      act: Expr | None) -> list:
-    binds = Bindings(out.handle)
+                      act: Expr | None, types: dict[int, str]) -> list:
+    binds = Bindings(out.handle, types=types)
     binds.add(x.handle, False)
     binds.add(w.handle, False)
     if bias is not None:

@@ -268,6 +268,13 @@ def _merge_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple
     return dims, ss
 
 
+def _widen(raw: str, storage: str) -> str:
+    """A stored element as its kind's compute type: bools live in u32 words, f16 is computed in f32."""
+    if storage == "u32":
+        return f"({raw} != 0u)"
+    return f"f32({raw})" if storage == "f16" else raw
+
+
 def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, ...],
              in_strides: list[tuple[int, ...]], in_offsets: list[int], out_strides: tuple[int, ...],
              out_offset: int, alias: list[bool], in_shapes: list[tuple[int, ...]] | None = None,
@@ -313,7 +320,7 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
             terms = [f"c{j} * {s}" for j, s in enumerate(st) if s != 0]
             idx = f"u32({' + '.join([str(off), *terms])})"
         raw = f"{'out' if alias[i] else f'in{i}'}[{idx}]"
-        loads.append(f"({raw} != 0u)" if t == "u32" else raw)
+        loads.append(_widen(raw, t))
 
     def gather(i: int, idx: list[str]) -> str:
         # Clamped indices: a trusted module must never read out of bounds, whatever the index data says.
@@ -321,11 +328,11 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
             raise ValueError("record_elementwise: an input read by load must not alias the output")
         assert in_shapes is not None, "load needs the input shapes"
         if math.prod(in_shapes[i]) == 0:
-            return {"f32": "0.0", "i32": "0i", "u32": "false"}[in_types[i]]  # nothing to read
+            return {"f32": "0.0", "f16": "0.0", "i32": "0i", "u32": "false"}[in_types[i]]  # nothing to read
         terms = [f"clamp({a}, 0i, {max(n - 1, 0)}i) * {st}" for a, n, st in
                  zip(idx, in_shapes[i], in_strides[i], strict=True) if n > 1 and st != 0]
         raw = f"in{i}[u32({' + '.join([str(in_offsets[i]), *terms])})]"
-        return f"({raw} != 0u)" if in_types[i] == "u32" else raw
+        return _widen(raw, in_types[i])
 
     em = _Emitter(loads, gather)
     value = em.emit(expr)
@@ -334,8 +341,8 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
         value = f"select(0u, 1u, {value})"
     elif expr.kind == BOOL:
         value = f"{out_type}(select(0, 1, {value}))"
-    elif (out_type == "f32") != (expr.kind == FLOAT):
-        value = f"{out_type}({value})"
+    elif out_type == "f16" or (out_type == "f32") != (expr.kind == FLOAT):
+        value = f"{out_type}({value})"  # f16 storage: computed in f32, rounded once on store
     if out_type == "i32" and out_dtype is not None and np.dtype(out_dtype).name in _WRAP:
         value = _WRAP[np.dtype(out_dtype).name].format(value)
     if out_plain:

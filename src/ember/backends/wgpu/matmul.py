@@ -35,6 +35,7 @@ from .backend import WORKGROUPS_PER_DIM, WgpuBackend, grid_1d
 from .elementwise import PRELUDE, _Emitter, float_literal
 
 F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
 
 
 # ---- small helpers ------------------------------------------------------------------------------------
@@ -43,6 +44,26 @@ def require_f32(op: str, **views: View | None) -> None:
         if v is not None and np.dtype(v.dtype) != F32:
             raise NotImplementedError(
                 f"wgpu {op}: {name} has dtype {np.dtype(v.dtype).name}; only float32 is supported")
+
+
+def require_float(op: str, **views: View | None) -> dict[int, str]:
+    """Each operand float32 or float16 (stored as f16, computed in f32); returns handle -> WGSL storage type."""
+    types = {}
+    for name, v in views.items():
+        if v is None:
+            continue
+        if np.dtype(v.dtype) not in (F32, F16):
+            raise NotImplementedError(
+                f"wgpu {op}: {name} has dtype {np.dtype(v.dtype).name}; only float32 and float16 are supported")
+        types[v.handle] = "f16" if np.dtype(v.dtype) == F16 else "f32"
+    return types
+
+
+def widen(expr: str, storage: str, vec4: bool = False) -> str:
+    """A loaded element (or vec4) as f32: f16 storage is computed in f32."""
+    if storage != "f16":
+        return expr
+    return f"vec4<f32>({expr})" if vec4 else f"f32({expr})"
 
 
 def view_span(v: View) -> tuple[int, int]:
@@ -58,7 +79,7 @@ def check_view(be: WgpuBackend, v: View, arg: str) -> None:
         return
     size = be.nbytes(v.handle, arg)
     lo, hi = view_span(v)
-    if lo < 0 or (hi + 1) * 4 > size:
+    if lo < 0 or (hi + 1) * np.dtype(v.dtype).itemsize > size:
         raise ValueError(f"{arg}: view (shape {v.shape}, strides {v.strides}, offset {v.offset}) reaches elements "
                          f"[{lo}, {hi}] outside its allocation of {size} bytes")
 
@@ -112,19 +133,24 @@ def act_lines(act: Expr | None, value: str) -> tuple[list[str], str]:
 class Binding:
     handle: Any  # an allocation handle, or a GPUBuffer of the kernel's own (split-K partial sums)
     var: str
-    vec4: bool = False  # declared as array<vec4<f32>>
+    vec4: bool = False  # declared as array<vec4<T>>
+    storage: str = "f32"  # T: f32, or f16 (read as f32)
 
 
 class Bindings:
     """One binding per distinct buffer; operands in the output's buffer read through `out` (read_write).
 
     `windows` maps an allocation handle to the (byte offset, byte size) sub-range to bind instead of the whole
-    buffer (see binding_windows); the kernel's view offsets must be relative to that sub-range."""
+    buffer (see binding_windows); the kernel's view offsets must be relative to that sub-range. `types` maps a
+    handle to its WGSL storage type (f32 when absent); kernels compute in f32 whatever is stored."""
 
-    def __init__(self, out_handle: Any, windows: dict[int, tuple[int, int]] | None = None) -> None:
+    def __init__(self, out_handle: Any, windows: dict[int, tuple[int, int]] | None = None,
+                 types: dict[Any, str] | None = None) -> None:
         self.out_handle = out_handle
         self.reads: dict[int, Binding] = {}
         self.windows = windows or {}
+        self.types = types or {}
+        self.out_type = self.types.get(out_handle, "f32")
 
     def add(self, handle: int, vec4: bool) -> bool:
         """Register a reader; returns whether it may use vec4 loads (not through the scalar output binding)."""
@@ -132,34 +158,48 @@ class Bindings:
             return False
         b = self.reads.get(handle)
         if b is None:
-            b = self.reads[handle] = Binding(handle, f"buf{len(self.reads)}")
+            b = self.reads[handle] = Binding(handle, f"buf{len(self.reads)}", storage=self.types.get(handle, "f32"))
         b.vec4 = b.vec4 or vec4
         return vec4
 
     def var(self, handle: int) -> str:
         return "out" if handle == self.out_handle else self.reads[handle].var
 
+    def storage(self, handle: Any) -> str:
+        return self.out_type if handle == self.out_handle else self.reads[handle].storage
+
     def scalar(self, handle: int, index: str) -> str:
-        """A WGSL expression loading one f32 element at `index` (u32 expression)."""
+        """A WGSL f32 expression loading one element at `index` (u32 expression)."""
         if handle != self.out_handle and self.reads[handle].vec4:
-            return f"{self.reads[handle].var}[({index}) >> 2u][({index}) & 3u]"
-        return f"{self.var(handle)}[{index}]"
+            return widen(f"{self.reads[handle].var}[({index}) >> 2u][({index}) & 3u]", self.storage(handle))
+        return widen(f"{self.var(handle)}[{index}]", self.storage(handle))
+
+    def quad(self, handle: int, index: str) -> str:
+        """A WGSL vec4<f32> expression loading vec4 number `index` of a vec4 binding."""
+        return widen(f"{self.reads[handle].var}[{index}]", self.storage(handle), vec4=True)
+
+    def store(self, index: str, value: str) -> str:
+        """The WGSL statement writing f32 `value` to out[index] (rounded once when out is f16)."""
+        return f"out[{index}] = {value if self.out_type == 'f32' else f'{self.out_type}({value})'};"
+
+    def _type(self, b: Binding) -> str:
+        return f"vec4<{b.storage}>" if b.vec4 else b.storage
 
     def declarations(self) -> list[str]:
         lines = []
         for i, b in enumerate(self.reads.values()):
-            t = "vec4<f32>" if b.vec4 else "f32"
-            lines.append(f"@group(0) @binding({i}) var<storage, read> {b.var}: array<{t}>;")
-        lines.append(f"@group(0) @binding({len(self.reads)}) var<storage, read_write> out: array<f32>;")
+            lines.append(f"@group(0) @binding({i}) var<storage, read> {b.var}: array<{self._type(b)}>;")
+        lines.append(f"@group(0) @binding({len(self.reads)}) var<storage, read_write> out: array<{self.out_type}>;")
         return lines
 
     def comment(self) -> list[str]:
         def name(h: Any) -> str:
             return f"allocation {h}" if isinstance(h, int) else "split-K partial sums"
 
-        lines = [f"//   binding {i}: {b.var}, {name(b.handle)}, read-only, array<{'vec4<f32>' if b.vec4 else 'f32'}>"
+        lines = [f"//   binding {i}: {b.var}, {name(b.handle)}, read-only, array<{self._type(b)}>"
                  for i, b in enumerate(self.reads.values())]
-        lines.append(f"//   binding {len(self.reads)}: out, {name(self.out_handle)}, read_write, array<f32>")
+        lines.append(f"//   binding {len(self.reads)}: out, {name(self.out_handle)}, read_write, "
+                     f"array<{self.out_type}>")
         return lines
 
     def buffers(self) -> dict[int, Any]:
@@ -197,7 +237,7 @@ class Epilogue:
         body.append(f"    let v: f32 = {value};")
         lines, result = act_lines(self.act, "v")
         body += lines
-        body.append(f"    out[{self.out_index}] = {result};")
+        body.append(f"    {binds.store(self.out_index, result)}")
         return "\n".join(["fn epi(acc: f32, z: u32, m: u32, n: u32) {", *body, "}"])
 
 
@@ -373,7 +413,7 @@ class StridedLoader(Loader):
                     idx = addr(self.off // 4, [("z", self.sz // 4), (f"({xv} >> 2u)", 1), (kv, self.sk // 4)])
                 else:
                     idx = addr(self.off // 4, [("z", self.sz // 4), (xv, self.sx // 4), (f"({kv} >> 2u)", 1)])
-                lines.append(f"{ind}{reg} = {binds.var(self.handle)}[{idx}];")
+                lines.append(f"{ind}{reg} = {binds.quad(self.handle, idx)};")
                 if along_size % 4:
                     lines.append(f"{ind}{reg} = select(vec4<f32>(0.0), {reg}, vec4<u32>({along}) + "
                                  f"vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>({u(along_size)}));")
@@ -572,13 +612,14 @@ EpilogueFactory = Callable[[Bindings, bool, bool], Epilogue]
 
 def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handle: int,
                        make_a: LoaderFactory, make_b: LoaderFactory, make_epilogue: EpilogueFactory,
-                       notes: list[str], windows: dict[int, tuple[int, int]] | None = None) -> list:
+                       notes: list[str], windows: dict[int, tuple[int, int]] | None = None,
+                       types: dict[Any, str] | None = None) -> list:
     """Plan (tile, K splits) and record the tiled kernel, plus the split-K reduce kernel when K is split.
     `windows`: sub-ranges to bind of big allocations (Bindings); the loaders' offsets are relative to them."""
     tile, splits = plan_gemm(be, m, n, k, z)
     guard_m, guard_n = m % tile.bm != 0, n % tile.bn != 0
     if splits == 1:
-        binds = Bindings(out_handle, windows)
+        binds = Bindings(out_handle, windows, types)
         la, lb = make_a(binds, tile), make_b(binds, tile)
         ep = make_epilogue(binds, guard_m, guard_n)
         return GemmProblem(name, tile, m, n, k, z, la, lb, ep, binds, notes=notes).record(be)
@@ -586,12 +627,12 @@ def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: in
     total = z * m * n
     scratch = be.device.create_buffer(size=-(-splits * total * 4 // 16) * 16, usage=wgpu.BufferUsage.STORAGE,
                                       label=f"{name} split-K partial sums")
-    binds = Bindings(scratch, windows)
+    binds = Bindings(scratch, windows, types)  # partial sums stay f32
     la, lb = make_a(binds, tile), make_b(binds, tile)
     conds = ([f"m >= {u(m)}"] if guard_m else []) + ([f"n >= {u(n)}"] if guard_n else [])
     partial = Epilogue(f"(z * {u(m)} + m) * {u(n)} + n", guard=" || ".join(conds) or None)
     steps = GemmProblem(name, tile, m, n, k, z, la, lb, partial, binds, notes=notes, splits=splits).record(be)
-    rbinds = Bindings(out_handle, windows)
+    rbinds = Bindings(out_handle, windows, types)
     rbinds.add(scratch, False)
     ep = make_epilogue(rbinds, False, False)
     groups = math.ceil(total / REDUCE_WORKGROUP)
@@ -652,6 +693,7 @@ def binding_windows(be: WgpuBackend, views: list[View | None]) -> dict[int, Wind
     """For each allocation bigger than be.max_binding, the aligned byte range covering every view into it (views of
     one buffer share its binding)."""
     spans: dict[int, tuple[int, int]] = {}
+    itemsize: dict[int, int] = {}
     for v in views:
         if v is None or v.size == 0:
             continue
@@ -659,13 +701,15 @@ def binding_windows(be: WgpuBackend, views: list[View | None]) -> dict[int, Wind
         if v.handle in spans:
             lo, hi = min(lo, spans[v.handle][0]), max(hi, spans[v.handle][1])
         spans[v.handle] = (lo, hi)
+        itemsize[v.handle] = np.dtype(v.dtype).itemsize
     align = max(16, int(be.limits.get("min-storage-buffer-offset-alignment", 256)))
     windows = {}
     for h, (lo, hi) in spans.items():
         size = be.buffer(h).size
         if size > be.max_binding:
-            start = lo * 4 // align * align
-            windows[h] = (start, min(size, -(-(hi + 1) * 4 // 16) * 16) - start)
+            isz = itemsize[h]
+            start = lo * isz // align * align
+            windows[h] = (start, min(size, -(-(hi + 1) * isz // 16) * 16) - start)
     return windows
 
 
@@ -677,7 +721,7 @@ def rebase_view(v: View | None, windows: dict[int, Window]) -> View | None:
     """v with its offset counted from the start of its buffer's window."""
     if v is None or v.handle not in windows:
         return v
-    return View(v.handle, v.dtype, v.shape, v.strides, v.offset - windows[v.handle][0] // 4)
+    return View(v.handle, v.dtype, v.shape, v.strides, v.offset - windows[v.handle][0] // np.dtype(v.dtype).itemsize)
 
 
 def _narrow(v: View | None, dim: int, start: int, length: int) -> View | None:
@@ -736,7 +780,7 @@ def record_split(be: WgpuBackend, a: View, b: View, out: View, bias: View | None
 # ---- entry point ---------------------------------------------------------------------------------------------
 def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
                   beta: float = 1.0, act: Expr | None = None) -> list:
-    require_f32("matmul", a=a, b=b, out=out, bias=bias)
+    types = require_float("matmul", a=a, b=b, out=out, bias=bias)
     for name, v in (("a", a), ("b", b), ("out", out)):
         if len(v.shape) != 3:
             raise ValueError(f"matmul: {name} must be a 3-D view (B, rows, cols), got shape {v.shape}")
@@ -751,7 +795,6 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
     if bias is not None and beta == 0.0:
         bias = None  # BLAS: beta = 0 ignores the old contents, NaN included
     if bias is not None:
-        require_f32("matmul", bias=bias)
         bias = bias.broadcast_to(out.shape)
     for name, v in (("a", a), ("b", b), ("out", out), ("bias", bias)):
         if v is not None:
@@ -771,7 +814,7 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
         return record_split(be, a, b, out, bias, alpha, beta, act)
     if windows:
         a, b, out, bias = (rebase_view(v, windows) for v in (a, b, out, bias))
-    binds = Bindings(out.handle, windows)
+    binds = Bindings(out.handle, windows, types)
     a_unit = (k == 1 or a.strides[2] == 1 or m == 1 or a.strides[1] == 1)
     b_unit = (n == 1 or b.strides[2] == 1 or k == 1 or b.strides[1] == 1)
     if not (a_unit and b_unit) or any(s < 0 for s in a.strides + b.strides):
@@ -797,5 +840,6 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
 
     notes = [f"A {a.shape} strides {a.strides}, B {b.shape} strides {b.strides}"]
     notes += [f"allocation {h} bound from byte {off}, {size} bytes" for h, (off, size) in windows.items()]
-    return record_gemm_kernel(be, "matmul", m, n, k, nb, out.handle, make_a, make_b, make_epilogue, notes, windows)
+    return record_gemm_kernel(be, "matmul", m, n, k, nb, out.handle, make_a, make_b, make_epilogue, notes, windows,
+                              types)
 

@@ -110,10 +110,10 @@ def row_loop(body: list[str], load: str, n: int, ty: int) -> list[str]:
     return lines
 
 
-def cache_fill(xname: str) -> list[str]:
+def cache_fill(reads: Reads, xname: str) -> list[str]:
     """Registers `c` holding this lane's elements (a clamped duplicate past the row's end, never used)."""
     return ["    var c: array<f32, CPL>;",
-            f"    for (var j = 0u; j < CPL; j++) {{ c[j] = {xname}[xb + min(ty + j * TY, N - 1u)]; }}"]
+            f"    for (var j = 0u; j < CPL; j++) {{ c[j] = {reads.get(xname, 'xb + min(ty + j * TY, N - 1u)')}; }}"]
 
 
 def check_rows(x: View, out: View, n: int) -> int:
@@ -125,7 +125,7 @@ def check_rows(x: View, out: View, n: int) -> int:
     if x.size != out.size or x.size % n:
         raise ValueError(f"x ({x.size} elements) and out ({out.size}) must be whole rows of n={n}")
     for name, v in (("x", x), ("out", out)):
-        if storage_type(v.dtype) != "f32":
+        if storage_type(v.dtype) not in ("f32", "f16"):
             raise ValueError(f"{name}: a float tensor is needed, got {v.dtype}")
     return x.size // n
 
@@ -142,6 +142,17 @@ class Reads:
         self.out, self.out_binding = out, out_binding
         self.decls: list[str] = []
         self.handles: dict[int, int] = {}
+        self.types = {"out": storage_type(out.dtype)}  # f32, or f16 storage computed in f32
+
+    def get(self, name: str, index: str) -> str:
+        """WGSL f32 expression reading element `index` of binding `name`."""
+        raw = f"{name}[{index}]"
+        return f"f32({raw})" if self.types[name] == "f16" else raw
+
+    def put(self, index: str, value: str) -> str:
+        """WGSL statement writing f32 `value` to out[index]."""
+        t = self.types["out"]
+        return f"out[{index}] = {value if t == 'f32' else f'{t}({value})'};"
 
     def add(self, binding: int, name: str, v: View, *, in_place_ok: bool) -> str:
         if any(s < 0 for s in v.strides):
@@ -152,13 +163,14 @@ class Reads:
             if not same and a0 < b1 and b0 < a1:
                 raise ValueError(f"{name} overlaps the output window in buffer {v.handle}")
             return "out"
-        self.decls.append(f"@group(0) @binding({binding}) var<storage, read> {name}: array<f32>;")
+        self.types[name] = storage_type(v.dtype)
+        self.decls.append(f"@group(0) @binding({binding}) var<storage, read> {name}: array<{self.types[name]}>;")
         self.handles[binding] = v.handle
         return name
 
     def bindings(self) -> tuple[str, dict[int, int]]:
         decls = [*self.decls,
-                 f"@group(0) @binding({self.out_binding}) var<storage, read_write> out: array<f32>;"]
+                 f"@group(0) @binding({self.out_binding}) var<storage, read_write> out: array<{self.types['out']}>;"]
         return "\n".join(decls), {**self.handles, self.out_binding: self.out.handle}
 
 
@@ -166,7 +178,7 @@ def _vector(v: View, n: int, arg: str) -> tuple[int, int]:
     """(offset, stride) addressing element i of a View of n elements as offset + i * stride."""
     if v.size != n:
         raise ValueError(f"{arg}: expected {n} elements, got shape {v.shape}")
-    if storage_type(v.dtype) != "f32":
+    if storage_type(v.dtype) not in ("f32", "f16"):
         raise ValueError(f"{arg}: a float tensor is needed, got {v.dtype}")
     dims = [(d, s) for d, s in zip(v.shape, v.strides, strict=True) if d != 1]
     while len(dims) > 1 and dims[-2][1] == dims[-1][0] * dims[-1][1]:  # merge contiguous neighbours
@@ -177,10 +189,10 @@ def _vector(v: View, n: int, arg: str) -> tuple[int, int]:
     return v.offset, dims[0][1] if dims else 0
 
 
-def _elem(name: str, off: int, stride: int) -> str:
+def _elem(reads: Reads, name: str, off: int, stride: int) -> str:
     if stride == 0:
-        return f"{name}[{off}u]"
-    return f"{name}[{off}u + i{'' if stride == 1 else f' * {stride}u'}]"
+        return reads.get(name, f"{off}u")
+    return reads.get(name, f"{off}u + i{'' if stride == 1 else f' * {stride}u'}")
 
 
 def record_norm(be: WgpuBackend, kind: str, x: View, scale: View | None, bias: View | None, out: View, n: int,
@@ -195,21 +207,21 @@ def record_norm(be: WgpuBackend, kind: str, x: View, scale: View | None, bias: V
     y = "((v - k) - m) * r" if kind == "layernorm" else "v * r"
     if scale is not None:
         off, st = _vector(scale, n, "scale")
-        y = f"{y} * {_elem(reads.add(1, 'scale', scale, in_place_ok=False), off, st)}"
+        y = f"{y} * {_elem(reads, reads.add(1, 'scale', scale, in_place_ok=False), off, st)}"
     if bias is not None:
         off, st = _vector(bias, n, "bias")
-        y = f"{y} + {_elem(reads.add(2, 'bias', bias, in_place_ok=False), off, st)}"
+        y = f"{y} + {_elem(reads, reads.add(2, 'bias', bias, in_place_ok=False), off, st)}"
     decls, handles = reads.bindings()
 
     tx, ty, cpl = launch(be, n, rows)
     subgroups = USE_SUBGROUPS and "subgroup" in be.features and ty > 1
     cached = cpl <= CACHE_MAX
-    load = "c[j]" if cached else f"{xname}[xb + i]"
+    load = "c[j]" if cached else reads.get(xname, "xb + i")
     body = [] if subgroups else ["    let sg = 0u;"]
     if cached:
-        body += cache_fill(xname)
+        body += cache_fill(reads, xname)
     if kind == "layernorm":
-        body += [f"    let k = {xname}[xb];", "    var a = vec2<f32>(0.0, 0.0);"]
+        body += [f"    let k = {reads.get(xname, 'xb')};", "    var a = vec2<f32>(0.0, 0.0);"]
         body += row_loop(["            a = acc(a, v - k);"], load, n, ty)
         body += ["    let m = row_sum(total(a), lid, ty, sg) / NF;", "    var b = vec2<f32>(0.0, 0.0);"]
         body += row_loop(["            let d = (v - k) - m;", "            b = acc(b, d * d);"], load, n, ty)
@@ -219,7 +231,7 @@ def record_norm(be: WgpuBackend, kind: str, x: View, scale: View | None, bias: V
         body += row_loop(["            a = acc(a, v * v);"], load, n, ty)
         body += ["    let r = inverseSqrt(row_sum(total(a), lid, ty, sg) / NF + EPS);"]
     body += ["    if (!valid) { return; }"]
-    body += row_loop([f"            out[ob + i] = {y};"], load, n, ty)
+    body += row_loop([f"            {reads.put('ob + i', y)}"], load, n, ty)
 
     src = be.kernel_source(
         "norm", PRELUDE=PRELUDE, BINDINGS=decls, N=n, NF=float_literal(float(n)), EPS=float_literal(eps),

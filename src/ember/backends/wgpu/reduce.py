@@ -165,11 +165,11 @@ def _convert(value: str, src: str, dst: str) -> str:
     if src == dst:
         return value
     if dst == "u32":
-        zero = "0.0" if src == "f32" else "0i"
+        zero = "0.0" if src in ("f32", "f16") else "0i"
         return f"select(0u, 1u, {value} != {zero})"
     if dst == "i32":  # from f32: truncate, NaN -> 0
         return f"i32(select(trunc({value}), 0.0, is_nan({value})))"
-    return f"f32({value})"
+    return f"{dst}({value})"  # f32 <-> f16 (f16 storage is reduced in f32), i32 -> f32
 
 
 @dataclass
@@ -287,7 +287,7 @@ def record_reduce_axes(be: WgpuBackend, op: str, x: View, out: View, n_reduce: i
     if n_out == 0:
         return []
     xt, ot = storage_type(x.dtype), storage_type(out.dtype)
-    kind = "f" if xt == "f32" else "i"
+    kind = "f" if xt in ("f32", "f16") else "i"
     spec = _op_spec(op, kind, r)
 
     outer_dims, outer_strides = _merge(tuple(outer_shape), tuple(x.strides[:nd - n_reduce]))

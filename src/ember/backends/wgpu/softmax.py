@@ -25,10 +25,10 @@ def record_softmax(be: WgpuBackend, x: View, out: View, n: int, log: bool) -> li
     tx, ty, cpl = norm.launch(be, n, rows)
     subgroups = norm.USE_SUBGROUPS and "subgroup" in be.features and ty > 1
     cached = cpl <= norm.CACHE_MAX
-    load = "c[j]" if cached else f"{xname}[xb + i]"
+    load = "c[j]" if cached else reads.get(xname, "xb + i")
     body = [] if subgroups else ["    let sg = 0u;"]
     if cached:
-        body += norm.cache_fill(xname)
+        body += norm.cache_fill(reads, xname)
     body += ["    var mx = -inf_f32();"]
     body += norm.row_loop(["            mx = fmax_nan(mx, v);"], load, n, ty)
     body += ["    let m = row_max(mx, lid, ty, sg);", "    var a = vec2<f32>(0.0, 0.0);"]
@@ -41,7 +41,7 @@ def record_softmax(be: WgpuBackend, x: View, out: View, n: int, log: bool) -> li
         y = "select(select((v - m) - ls, -inf_f32(), v == -inf_f32()), nan_f32(), bad)"
     else:
         y = "select(exp_le0(v - m) / s, nan_f32(), bad)"
-    body += norm.row_loop([f"            out[ob + i] = {y};"], load, n, ty)
+    body += norm.row_loop([f"            {reads.put('ob + i', y)}"], load, n, ty)
 
     src = be.kernel_source(
         "softmax", PRELUDE=PRELUDE, BINDINGS=decls, N=n, TX=tx, TY=ty, ROWS=rows, CPL=cpl, WG=tx * ty,

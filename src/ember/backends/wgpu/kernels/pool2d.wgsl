@@ -1,10 +1,11 @@
 // 2-D pooling over NCHW, one thread per output element.
-// Bindings: 0 x: array<f32> (N, C, H, W), read; 1 out: array<f32> (N, C, OH, OW), read_write.
+// Bindings: 0 x: array<${XT}> (N, C, H, W), read; 1 out: array<${OT}> (N, C, OH, OW), read_write
+// (f32, or f16 storage computed in f32).
 // Grid: ceil(N*C*OH*OW / 256) workgroups of 256, spread over x and y (65,535 per dimension).
 // ${KIND}: 0 max, 1 average, 2 Lp norm. Shapes are baked in; windows outside [0, H) x [0, W) are padding.
 ${PRELUDE}
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<${XT}>;
+@group(0) @binding(1) var<storage, read_write> out: array<${OT}>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -27,7 +28,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let w = w0 + j * ${DW};
             if (h >= -${PT} && h < ${H} + ${PB} && w >= -${PL} && w < ${W} + ${PR}) { count_pad += 1; }
             if (h < 0 || h >= ${H} || w < 0 || w >= ${W}) { continue; }
-            let v = x[base + u32(h * ${W} + w)];
+            let v = f32(x[base + u32(h * ${W} + w)]);
             count += 1;
             if (${KIND} == 0) {
                 seen_nan = seen_nan || is_nan(v);
@@ -47,5 +48,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     } else {
         r = pow(acc, 1.0 / ${P}.0);
     }
-    out[gid] = r;
+    out[gid] = ${OT}(r);
 }
