@@ -143,8 +143,9 @@ def timeit(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> dict[str, flo
     return {"median_ms": statistics.median(ts), "p10_ms": ts[len(ts) // 10], "p90_ms": ts[(9 * len(ts)) // 10]}
 
 
-def ember_engine(path: Path, feeds: dict, backend: str, fuse: bool = True) -> tuple[Callable, Any]:
-    model = ember.load_onnx(path, backend=backend, fuse=fuse)
+def ember_engine(path: Path, feeds: dict, backend: str, fuse: bool = True,
+                 precision: str = "f32") -> tuple[Callable, Any]:
+    model = ember.load_onnx(path, backend=backend, fuse=fuse, precision=precision)
     return (lambda: model.run(feeds)), model
 
 
@@ -240,6 +241,7 @@ def main() -> int:
     ap.add_argument("--peers", action="store_true", help="also ONNX Runtime's WebGPU provider")
     ap.add_argument("--no-cpu", action="store_true", help="skip the ember cpu backend (slow on big models)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (its compile takes a while)")
+    ap.add_argument("--f16", action="store_true", help="also ember wgpu with precision='f16'")
     args = ap.parse_args()
     backends = ember.available_backends()
     wl = workloads()
@@ -282,6 +284,14 @@ def main() -> int:
                     info["wgpu_gpu_ms_total"] = round(sum(ms for _, ms in model.profile(feeds)), 4)
                 except Exception as e:  # profiling needs timestamp queries
                     info["wgpu_profile_top"] = f"unavailable: {e}"
+                if args.f16 and name != "chain200":
+                    try:
+                        fn16, m16 = ember_engine(path, feeds, b, precision="f16")
+                        engines.append(("ember wgpu f16", fn16))
+                        info["wgpu_f16"] = m16.plan_info()
+                        info["wgpu_f16_gpu_ms_total"] = round(sum(ms for _, ms in m16.profile(feeds)), 4)
+                    except Exception as e:
+                        info["wgpu_f16"] = f"failed: {type(e).__name__}: {e}"
         engines.append(("onnxruntime cpu", ort_engine(path, feeds)))
         engines += [(k, v) for k, v in torch_engines(module, feeds, not args.no_compile).items()]
         row = {"model": name, "engines": {}, "info": info}

@@ -104,6 +104,7 @@ class Model:
         # An output the model declares without a shape shows None until a plan knows it.
         self.outputs = [TensorInfo(v.name, v.shape, v.dtype) for v in graph.outputs]
         self._stats = {f"{p}.{arm}": 0 for p in PATTERNS for arm in ("fused", "fallback")}
+        self._stats["attention.gemm"] = 0  # long sequences: GEMM + fused softmax + GEMM (ops/transformer.py)
         self.rewrites: dict[str, int] = {}
         self._host_inputs = host_value_inputs(graph)
         for vi in graph.inputs:
@@ -196,7 +197,7 @@ class Model:
             plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
             result = plan.run(arrays, output_names, keep_on_device)
             for k, v in plan.stats.items():
-                if k.endswith((".fused", ".fallback")) and k.split(".")[0] in PATTERNS:
+                if k.endswith((".fused", ".fallback", ".gemm")) and k.split(".")[0] in PATTERNS:
                     self._stats[k] += v
         names = output_names if output_names is not None else [o.name for o in self.outputs]
         return {n: result[n] for n in names}

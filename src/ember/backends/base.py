@@ -192,6 +192,9 @@ class ComputeBackend(ABC):
     """Device memory behind opaque integer handles, and float32 compute ops over it."""
 
     name: str = "?"
+    # float16 tensors are stored as f16 and computed in f32 by the fused row/attention kernels (wgpu). The cpu
+    # backend computes float16 per op in numpy's float16, as ONNX's reference does, so it keeps the decompositions.
+    fused_f16: bool = False
 
     def __init__(self) -> None:
         self._initialized = False

@@ -20,7 +20,11 @@ from .shape import norm_axis, reshape_view
 
 EMBER = "ai.ember"
 PATTERNS = ("rmsnorm", "layernorm", "softmax", "gelu", "attention")
-FLOATS = (np.dtype(np.float32), np.dtype(np.float16))  # the row kernels compute in f32 either way
+
+
+def fused_dtype(ctx: Context, dtype: np.dtype) -> bool:
+    """Whether the fused kernels take this dtype: float32, and float16 where the backend computes it in f32."""
+    return dtype == np.float32 or (dtype == np.float16 and ctx.backend.fused_f16)
 
 
 def _vector(ctx: Context, t: T | None, n: int) -> View | None:
@@ -33,7 +37,7 @@ def _vector(ctx: Context, t: T | None, n: int) -> View | None:
 def fused_norm(ctx: Context, op: Op, kind: str, x: T, axis: int, scale: T | None, bias: T | None,
                eps: float) -> T | None:
     """The fused row kernel when it applies (float32, normalising trailing dims, vector scale/bias)."""
-    if not hasattr(ctx.backend, "record_norm") or x.dtype not in FLOATS or x.size == 0:
+    if not hasattr(ctx.backend, "record_norm") or not fused_dtype(ctx, x.dtype) or x.size == 0:
         return None
     n = math.prod(x.shape[axis:])
     sv, bv = _vector(ctx, scale, n), _vector(ctx, bias, n)
@@ -122,7 +126,7 @@ def softmax(ctx: Context, op: Op, x: T, axis: int, log: bool, legacy: bool = Fal
     if legacy:
         x2 = reshape_view(ctx, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
         return reshape_view(ctx, softmax(ctx, op, x2, 1, log), x.shape)
-    if hasattr(ctx.backend, "record_softmax") and x.dtype in FLOATS and x.size:
+    if hasattr(ctx.backend, "record_softmax") and fused_dtype(ctx, x.dtype) and x.size:
         ctx.count("softmax.fused")
         perm = [i for i in range(x.rank) if i != axis] + [axis]
         moved = T(x.dtype, tuple(x.shape[p] for p in perm), view=ctx.view(x).permute(perm))
@@ -161,10 +165,26 @@ register("Softmax", 1)(type("Softmax", (SoftmaxBase,), {}))
 register("LogSoftmax", 1)(type("LogSoftmax", (SoftmaxBase,), {"log": True}))
 
 
+# Where the flash kernel stops paying (H200, bench/bench_attention.py, 2026-11-30): at 1 x 12 x 1024 x 64 it
+# ties with GEMM + fused softmax + GEMM (0.23 ms), at 4 x 16 x 512 x 128 it is 1.7x slower (0.62 vs 0.37 ms),
+# at 1 x 32 x 2048 x 128 1.8x (4.5 vs 2.5 ms): its fp32 inner loops reach ~11 TFLOP/s where the tiled GEMMs
+# reach ~30. Below this many scores per (batch, head) row block it wins (fewer launches, no S x S buffer).
+FLASH_MAX_SCORES = 512 * 512
+GEMM_SCORES_MAX_BYTES = 1 << 30  # the S x S scores buffer the GEMM route may allocate
+
+
+def flash_pays(b: int, hq: int, sq: int, skv: int, d: int, itemsize: int) -> bool:
+    if sq * skv <= FLASH_MAX_SCORES or d < 64:
+        return True
+    return b * hq * sq * skv * itemsize > GEMM_SCORES_MAX_BYTES
+
+
 def attention(ctx: Context, op: Op, q: T, k: T, v: T, mask: T | None, scale: float, causal: bool) -> T:
     """softmax(scale * q @ kᵀ + mask) @ v over (B, H, S, D) tensors, k/v possibly with fewer heads (GQA).
 
-    The fused flash-style kernel when the backend has it; else the decomposition (MatMul, Softmax, MatMul).
+    The fused flash-style kernel for short sequences (counted "attention.fused"); for long ones the scores as
+    one GEMM with the scale and the mask in its epilogue, the fused softmax, and a second GEMM ("attention.gemm",
+    faster there); the plain decomposition where the backend has neither ("attention.fallback").
     """
     b, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -176,7 +196,8 @@ def attention(ctx: Context, op: Op, q: T, k: T, v: T, mask: T | None, scale: flo
                         np.dtype(np.float32))
         mview = ctx.view(mask).broadcast_to((b, hq, sq, skv))
     out = ctx.new(q.dtype, shape)
-    if q.dtype in FLOATS and dv == d:
+    fused = fused_dtype(ctx, q.dtype) and hasattr(ctx.backend, "record_attention_views")
+    if fused and dv == d and flash_pays(b, hq, sq, skv, d, q.dtype.itemsize):
         try:
             steps = ctx.backend.record_attention_views(ctx.view(q), ctx.view(k), ctx.view(v), mview, out.view,
                                                        float(scale), causal)
@@ -186,7 +207,8 @@ def attention(ctx: Context, op: Op, q: T, k: T, v: T, mask: T | None, scale: flo
             ctx.record(steps)
             ctx.count("attention.fused")
             return out
-    ctx.count("attention.fallback")
+    gemm = fused and hasattr(ctx.backend, "record_softmax")
+    ctx.count("attention.gemm" if gemm else "attention.fallback")
     rep = hq // hkv
     kv_, vv_ = ctx.view(k), ctx.view(v)
     if rep > 1:  # each kv head serves `rep` query heads: a broadcast view, no copy
@@ -199,19 +221,30 @@ def attention(ctx: Context, op: Op, q: T, k: T, v: T, mask: T | None, scale: flo
     scores = ctx.new(q.dtype, (b, hq, sq, skv))
     q3 = ctx.contiguous(T(q.dtype, q.shape, view=qv)).merged((b * hq, sq, d))
     k3 = ctx.contiguous(T(k.dtype, kv_.shape, view=kv_)).merged((b * hq, skv, d))
-    ctx.record(ctx.backend.record_matmul(q3, k3.permute((0, 2, 1)), scores.view.merged((b * hq, sq, skv)),
-                                         alpha=float(scale)))
-    s = scores
-    if mask is not None:
-        s = emit(ctx, op, call("add", inp(0), inp(1)), [s, T(mask.dtype, (b, hq, sq, skv), view=mview)], q.dtype)
+    additive = None
     if causal:
         i = np.arange(sq)[:, None]
         j = np.arange(skv)[None, :]
-        cm = ctx.const(np.where(j <= i + (skv - sq), 0.0, -np.inf).astype(q.dtype))
-        s = emit(ctx, op, call("add", inp(0), inp(1)), [s, cm], q.dtype)
+        additive = ctx.const(np.where(j <= i + (skv - sq), 0.0, -np.inf).astype(q.dtype))
+    if mask is not None:
+        mt = T(mask.dtype, (b, hq, sq, skv), view=mview)
+        additive = mt if additive is None else emit(ctx, op, call("add", inp(0), inp(1)), [mt, additive], q.dtype)
+    bias = None
+    if gemm and additive is not None:
+        # The mask rides in the scores GEMM's epilogue (scale * q kᵀ + mask): no extra pass over S x S.
+        bias = ctx.view(additive).broadcast_to((b, hq, sq, skv)).merged((b * hq, sq, skv))
+        if bias is None:
+            bias = ctx.contiguous(T(q.dtype, (b, hq, sq, skv),
+                                    view=ctx.view(additive).broadcast_to((b, hq, sq, skv)))).merged((b * hq, sq, skv))
+    ctx.record(ctx.backend.record_matmul(q3, k3.permute((0, 2, 1)), scores.view.merged((b * hq, sq, skv)),
+                                         alpha=float(scale), bias=bias))
+    s = scores
+    if bias is None and additive is not None:
+        s = emit(ctx, op, call("add", inp(0), inp(1)), [s, additive], q.dtype)
     p = softmax(ctx, op, s, 3, False)
-    # A row that sees no key gives zeros (softmax of all -inf is NaN): the fused kernel's rule.
-    p = emit(ctx, op, call("where", call("isnan", inp(0)), const(0.0), inp(0)), [p], q.dtype)
+    if mask is not None or (causal and sq > skv):
+        # A row that sees no key gives zeros (softmax of all -inf is NaN): the fused kernel's rule.
+        p = emit(ctx, op, call("where", call("isnan", inp(0)), const(0.0), inp(0)), [p], q.dtype)
     v3 = ctx.contiguous(T(v.dtype, vv_.shape, view=vv_)).merged((b * hq, skv, dv))
     p3 = ctx.contiguous(p).merged((b * hq, sq, skv))
     ctx.record(ctx.backend.record_matmul(p3, v3, out.view.merged((b * hq, sq, dv))))

@@ -154,18 +154,29 @@ class _Precision:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.consts: dict[tuple[int, str], T] = {}
+        # (id of the source, dtype) -> (source, converted): a weight, or a computed tensor several nodes read
+        # (an attention mask read by every layer), is converted once; the source is held so its id stays unique.
+        self.done: dict[tuple[int, str], tuple[T, T]] = {}
 
     def convert(self, op: Any, t: T | None, dtype: np.dtype) -> T | None:
         if t is None or t.dtype.kind != "f" or t.dtype == dtype or t.dtype.itemsize > 4:
             return t
+        key = (id(t), dtype.str)
+        if key in self.done:
+            return self.done[key][1]
+        if t.lazy is not None and t.uses <= 1:
+            # Read by this node only: a lazy cast that fuses into the node's kernel (or t's own epilogue).
+            out = emit(self.ctx, op, inp(0, "float"), [t], dtype)
+            out.uses = 1
+            return out
         if t.is_const:
-            key = (id(t), dtype.str)
-            if key not in self.consts:  # one device copy per weight, however many nodes read it
-                self.consts[key] = T(dtype, t.shape, value=np.asarray(t.value).astype(dtype))
-            return self.consts[key]
-        out = emit(self.ctx, op, inp(0, "float"), [t], dtype)
-        out.uses = 1  # read by this node only: it may fuse into the node's own kernel
+            out = T(dtype, t.shape, value=np.asarray(t.value).astype(dtype))
+        else:
+            # Pinned: the copy outlives the node that made it, and the liveness walk only sees graph values.
+            out = self.ctx.new(dtype, t.shape, pinned=True)
+            if t.size:
+                self.ctx.record(self.ctx.backend.record_elementwise(inp(0, "float"), [self.ctx.view(t)], out.view))
+        self.done[key] = (t, out)
         return out
 
     def inputs(self, op: Any, ins: list[T | None]) -> list[T | None]:

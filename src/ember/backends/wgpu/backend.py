@@ -83,6 +83,7 @@ def grid_1d(groups: int) -> tuple[int, int, int]:
 
 class WgpuBackend(ComputeBackend):
     name = "wgpu"
+    fused_f16 = True
 
     def __init__(self, adapter: int | str | None = None, power_preference: str | None = None) -> None:
         super().__init__()
