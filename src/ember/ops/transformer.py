@@ -173,8 +173,8 @@ FLASH_MAX_SCORES = 512 * 512
 GEMM_SCORES_MAX_BYTES = 1 << 30  # the S x S scores buffer the GEMM route may allocate
 
 
-def flash_pays(b: int, hq: int, sq: int, skv: int, d: int, itemsize: int) -> bool:
-    if sq * skv <= FLASH_MAX_SCORES or d < 64:
+def flash_pays(b: int, hq: int, sq: int, skv: int, itemsize: int) -> bool:
+    if sq * skv <= FLASH_MAX_SCORES:
         return True
     return b * hq * sq * skv * itemsize > GEMM_SCORES_MAX_BYTES
 
@@ -197,7 +197,7 @@ def attention(ctx: Context, op: Op, q: T, k: T, v: T, mask: T | None, scale: flo
         mview = ctx.view(mask).broadcast_to((b, hq, sq, skv))
     out = ctx.new(q.dtype, shape)
     fused = fused_dtype(ctx, q.dtype) and hasattr(ctx.backend, "record_attention_views")
-    if fused and dv == d and flash_pays(b, hq, sq, skv, d, q.dtype.itemsize):
+    if fused and dv == d and flash_pays(b, hq, sq, skv, q.dtype.itemsize):
         try:
             steps = ctx.backend.record_attention_views(ctx.view(q), ctx.view(k), ctx.view(v), mview, out.view,
                                                        float(scale), causal)
