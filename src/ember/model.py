@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -72,9 +73,12 @@ class Model:
     """A loaded ONNX model bound to one backend. Plans are built once per input-shape signature."""
 
     def __init__(self, graph: Graph, backend: str | ComputeBackend, source: str, fuse: bool = True,
-                 **backend_opts: Any) -> None:
+                 autotune: bool | None = None, **backend_opts: Any) -> None:
+        if autotune is not None and not isinstance(autotune, bool):
+            raise TypeError(f"autotune: expected True, False or None, got {autotune!r}")
         self.graph = graph
         self.fuse = fuse
+        self.autotune = autotune
         self.source = source
         self._be = backend if isinstance(backend, ComputeBackend) else shared_backend(backend, **backend_opts)
         self._plans: dict[tuple, Plan] = {}
@@ -118,7 +122,10 @@ class Model:
                tuple((n, host[n].tobytes()) for n in sorted(host)))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse)
+            # Backends that tune kernels while recording (wgpu) take the model's on/off for this plan.
+            scope = getattr(self._be, "autotune_scope", None)
+            with scope(self.autotune) if scope is not None else contextlib.nullcontext():
+                plan = self._plans[key] = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse)
         return plan
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -248,7 +255,11 @@ def shared_backend(name: str, **opts: Any) -> ComputeBackend:
 
 def load_onnx(model: Any, backend: str | ComputeBackend = "auto", **options: Any) -> Model:
     """Load an ONNX model (path, bytes or onnx.ModelProto) onto a backend: "auto", "wgpu", "cpu" (models on
-    the same name share one device), or a ComputeBackend object from ember.backend()."""
+    the same name share one device), or a ComputeBackend object from ember.backend().
+
+    Options: fuse (default True): graph rewrites and kernel fusion. autotune (wgpu; default None: EMBER_AUTOTUNE
+    if set, else on for hardware GPUs, off for software adapters): time a few GEMM/conv tile configs per shape
+    while planning and keep the fastest, cached on disk per adapter (see ember/backends/wgpu/autotune.py)."""
     if isinstance(backend, ComputeBackend):
         backend._require_init()
     elif not (isinstance(backend, str) and backend.lower() == "auto"):
