@@ -124,8 +124,10 @@ class Model:
         if plan is None:
             # Backends that tune kernels while recording (wgpu) take the model's on/off for this plan.
             scope = getattr(self._be, "autotune_scope", None)
-            with scope(self.autotune) if scope is not None else contextlib.nullcontext():
+            with scope(self.autotune) if scope is not None else contextlib.nullcontext() as report:
                 plan = self._plans[key] = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse)
+            if report is not None:  # plan_info shows what tuning cost this plan: autotune.tuned, .seconds, ...
+                plan.stats.update({f"autotune.{k}": v for k, v in report.items()})
         return plan
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -199,6 +199,8 @@ def test_second_load_hits_the_cache(be: ember.ComputeBackend, rng: np.random.Gen
     first = ember.load_onnx(model, be, autotune=True)
     stats = at.tuner(be).stats
     assert stats["tuned"] == 2 and stats["hits"] == 0 and stats["seconds"] > 0
+    info = first.plan_info()
+    assert info["autotune.tuned"] == 2 and info["autotune.timed"] >= 6 and info["autotune.seconds"] > 0
     files = list(Path(at.cache_dir()).glob("autotune-*.json"))
     assert len(files) == 1 and len(json.loads(files[0].read_text())["entries"]) == 2
 
@@ -207,6 +209,8 @@ def test_second_load_hits_the_cache(be: ember.ComputeBackend, rng: np.random.Gen
     t = fresh_tuner(be)
     second = ember.load_onnx(model, be, autotune=True)
     assert t.stats["hits"] == 2 and t.stats["tuned"] == 0 and t.stats["timed"] == 0 and not timed
+    info = second.plan_info()
+    assert info["autotune.hits"] == 2 and info["autotune.tuned"] == 0 and info["autotune.seconds"] == 0
     for got in (first(x)[0], second(x)[0]):
         check(got, heuristic.astype(np.float64), 128, "tuned model")
 

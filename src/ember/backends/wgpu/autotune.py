@@ -280,6 +280,12 @@ class Tuner:
             self._cache = TuneCache(path, self.ident, self.version)
         return self._cache
 
+    def count(self, key: str, v: float = 1) -> None:
+        self.stats[key] += v
+        report = getattr(self.local, "report", None)
+        if report is not None:
+            report[key] += v
+
     def enabled(self) -> bool:
         scoped = getattr(self.local, "enabled", None)
         if scoped is not None:
@@ -298,15 +304,23 @@ def tuner(be: WgpuBackend) -> Tuner:
 
 
 @contextlib.contextmanager
-def scope(be: WgpuBackend, enabled: bool | None) -> Iterator[None]:
-    """Turn tuning on/off for what this thread records inside the block (None: the default rule)."""
+def scope(be: WgpuBackend, enabled: bool | None) -> Iterator[dict[str, float]]:
+    """Turn tuning on/off for what this thread records inside the block (None: the default rule). Yields a report
+    of what tuning did inside it (the `stats` counters, this thread's share)."""
     t = tuner(be)
-    old = getattr(t.local, "enabled", None)
-    t.local.enabled = enabled
+    old, old_report = getattr(t.local, "enabled", None), getattr(t.local, "report", None)
+    report = dict.fromkeys(t.stats, 0)
+    t.local.enabled, t.local.report = enabled, report
     try:
-        yield
+        yield report
     finally:
-        t.local.enabled = old
+        t.local.enabled, t.local.report = old, old_report
+        if old_report is not None:  # nested: the outer block saw this work too
+            for key, v in report.items():
+                old_report[key] += v
+        elif report["tuned"] or report["hits"]:
+            log.info("autotune: %d GEMM shapes tuned (%d kernels timed) in %.2f s, %d from the cache (%s)",
+                     report["tuned"], report["timed"], report["seconds"], report["hits"], t.cache.path)
 
 
 # ---- timing --------------------------------------------------------------------------------------------------
@@ -409,7 +423,7 @@ def choose(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handl
     if not t.enabled():
         return plan_gemm(be, m, n, k, z)
     if 2 * m * n * k * z < MIN_TUNE_FLOP:
-        t.stats["skipped"] += 1
+        t.count("skipped")
         return plan_gemm(be, m, n, k, z)
     base = plan_gemm(be, m, n, k, z)
     probe = Bindings(out_handle, windows)  # loaders built only to read their layout, for the key
@@ -418,7 +432,7 @@ def choose(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handl
         entry = t.cache.get(key)
         plan = None if entry is None else _entry_plan(be, entry, m, n, k, z)
         if plan is not None:
-            t.stats["hits"] += 1
+            t.count("hits")
             return plan
         cands = candidates(be, m, n, k, z)
         if len(cands) < 2:
@@ -436,13 +450,13 @@ def choose(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handl
                           stacklevel=2)
             return base
         finally:
-            t.stats["seconds"] += time.perf_counter() - t0
+            t.count("seconds", time.perf_counter() - t0)
         best = min(range(len(cands)), key=lambda i: ms[i])
         if ms[0] <= ms[best] * (1 + KEEP_MARGIN):
             best = 0
         tile, splits = cands[best]
-        t.stats["tuned"] += 1
-        t.stats["timed"] += len(cands)
+        t.count("tuned")
+        t.count("timed", len(cands))
         t.cache.put(key, {"tile": str(tile), "splits": splits,
                           "ms": round(ms[best], 6), "heuristic_ms": round(ms[0], 6),
                           "candidates": {f"{c[0]}/s{c[1]}": round(v, 6) for c, v in zip(cands, ms, strict=True)}})

@@ -108,7 +108,7 @@ class WgpuBackend(ComputeBackend):
 
     def autotune_scope(self, enabled: bool | None) -> Any:
         """A context manager: GEMM/conv tile autotune on/off (None: EMBER_AUTOTUNE, else on for hardware adapters)
-        for what this thread records inside it; see autotune.py."""
+        for what this thread records inside it; yields a dict counting what tuning did there. See autotune.py."""
         from .autotune import scope
 
         return scope(self, enabled)
