@@ -342,3 +342,33 @@ def test_switches(be: ember.ComputeBackend, monkeypatch: pytest.MonkeyPatch) -> 
         assert not t.enabled()
     with pytest.raises(TypeError, match="autotune"):
         ember.load_onnx(helper.make_model(helper.make_graph([], "t", [], [])), be, autotune="yes")
+
+
+def test_a_failing_candidate_is_ruled_out(be: ember.ComputeBackend, rng: np.random.Generator,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    bogus = (Tile(64, 64, 16, 4, 4), 1), (Tile(64, 64, 12, 4, 4), 1)  # K step 12: the generator refuses it
+    monkeypatch.setattr(at, "candidates", lambda *a: [at.plan_gemm(be, 100, 260, 300, 1), *bogus])
+    prob = PROBLEMS["matmul"](be, rng)
+    try:
+        with be.autotune_scope(True):
+            got = prob.run()
+    finally:
+        prob.free()
+    check(got, prob.ref(), 260, "with a failing candidate")
+    t = at.tuner(be)
+    assert t.stats["tuned"] == 1 and t.stats["timed"] == 2
+    (entry,) = t.cache.entries.values()
+    assert entry["candidates"]["64x64x12/4x4/s1"] is None
+
+
+def test_unusable_timestamps_fall_back_to_the_host_clock(be: ember.ComputeBackend, rng: np.random.Generator,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    prob = PROBLEMS["matmul"](be, rng)
+    try:
+        steps = prob.record()
+        host = []
+        monkeypatch.setattr(at, "_time_gpu", lambda *a: None)
+        monkeypatch.setattr(at, "_time_host", lambda *a, f=at._time_host: host.append(1) or f(*a))
+        assert len(at.time_candidates(be, [steps], None, reps=1)) == 1 and host
+    finally:
+        prob.free()

@@ -333,74 +333,93 @@ def _encode_pass(encoder: Any, steps: list, timestamps: dict | None = None) -> N
     cpass.end()
 
 
+class _Saved:
+    """A byte range of a buffer copied aside and back by commands in the timing submits."""
+
+    def __init__(self, be: WgpuBackend, preserve: tuple[Any, int, int] | None) -> None:
+        self.buf, self.off, size = preserve if preserve is not None else (None, 0, 0)
+        self.size = -(-size // 4) * 4
+        self.copy = (be.device.create_buffer(size=self.size, usage=wgpu.BufferUsage.COPY_SRC
+                                             | wgpu.BufferUsage.COPY_DST) if self.size else None)
+
+    def save(self, encoder: Any) -> None:
+        if self.copy is not None:
+            encoder.copy_buffer_to_buffer(self.buf, self.off, self.copy, 0, self.size)
+
+    def restore(self, encoder: Any) -> None:
+        if self.copy is not None:
+            encoder.copy_buffer_to_buffer(self.copy, 0, self.buf, self.off, self.size)
+
+    def destroy(self) -> None:
+        if self.copy is not None:
+            self.copy.destroy()
+
+
+def _time_gpu(be: WgpuBackend, runs: list[list], reps: int, saved: _Saved) -> list[float] | None:
+    """Timestamp queries around each candidate's pass, all in one submit; None if the stamps make no sense."""
+    from wgpu.backends.wgpu_native import _api
+
+    n = len(runs)
+    count = 2 * n * reps
+    qs = be.device.create_query_set(type="timestamp", count=count)
+    resolve = be.device.create_buffer(size=8 * count, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    try:
+        encoder = be.device.create_command_encoder()
+        saved.save(encoder)
+        for steps in runs:  # warm-up: caches, clocks
+            _encode_pass(encoder, steps)
+        for r in range(reps):
+            for i, steps in enumerate(runs):
+                q = 2 * (r * n + i)
+                _encode_pass(encoder, steps, {"query_set": qs, "beginning_of_pass_write_index": q,
+                                              "end_of_pass_write_index": q + 1})
+        saved.restore(encoder)
+        encoder.resolve_query_set(qs, 0, count, resolve, 0)
+        be.queue.submit([encoder.finish()])
+        ticks = np.frombuffer(be.queue.read_buffer(resolve), np.uint64).reshape(reps, n, 2).astype(np.float64)
+    finally:
+        resolve.destroy()
+        qs.destroy()
+    span = ticks[:, :, 1] - ticks[:, :, 0]
+    span[span <= 0] = np.inf  # a driver writing zeros, or a counter that wrapped: not a sample
+    best = span.min(axis=0) * _api.lib.wgpuQueueGetTimestampPeriod(be.queue._internal) / 1e6
+    return list(best) if np.isfinite(best).all() else None
+
+
+def _time_host(be: WgpuBackend, runs: list[list], reps: int, saved: _Saved) -> list[float]:
+    """The host clock around submit + wait of each candidate (a constant overhead, the same for all)."""
+    encoder = be.device.create_command_encoder()
+    saved.save(encoder)
+    for steps in runs:  # warm-up
+        _encode_pass(encoder, steps)
+    be.queue.submit([encoder.finish()])
+    be.synchronize()
+    best = [math.inf] * len(runs)
+    for _ in range(reps):
+        for i, steps in enumerate(runs):
+            encoder = be.device.create_command_encoder()
+            _encode_pass(encoder, steps)
+            t0 = time.perf_counter()
+            be.queue.submit([encoder.finish()])
+            be.synchronize()
+            best[i] = min(best[i], (time.perf_counter() - t0) * 1e3)
+    encoder = be.device.create_command_encoder()
+    saved.restore(encoder)
+    be.queue.submit([encoder.finish()])
+    return best
+
+
 def time_candidates(be: WgpuBackend, runs: list[list], preserve: tuple[Any, int, int] | None,
                     reps: int = REPS) -> list[float]:
     """Milliseconds per candidate (min over `reps`); `runs` are recorded steps (dispatches only). `preserve`:
     (GPUBuffer, byte offset, byte size) copied aside before the timed passes and restored after them."""
     assert all(type(st) is Dispatch for steps in runs for st in steps)
-    n = len(runs)
-    backup = None
-    if preserve is not None:
-        buf, off, size = preserve
-        size = -(-size // 4) * 4
-        backup = be.device.create_buffer(size=max(size, 4), usage=wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST)
-
-    def save(encoder: Any) -> None:
-        if backup is not None and size:
-            encoder.copy_buffer_to_buffer(buf, off, backup, 0, size)
-
-    def restore(encoder: Any) -> None:
-        if backup is not None and size:
-            encoder.copy_buffer_to_buffer(backup, 0, buf, off, size)
-
+    saved = _Saved(be, preserve)
     try:
-        if "timestamp-query" in be.features:
-            from wgpu.backends.wgpu_native import _api
-
-            count = 2 * n * reps
-            qs = be.device.create_query_set(type="timestamp", count=count)
-            resolve = be.device.create_buffer(size=8 * count,
-                                              usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-            encoder = be.device.create_command_encoder()
-            save(encoder)
-            for steps in runs:  # warm-up: caches, clocks
-                _encode_pass(encoder, steps)
-            for r in range(reps):
-                for i, steps in enumerate(runs):
-                    q = 2 * (r * n + i)
-                    _encode_pass(encoder, steps, {"query_set": qs, "beginning_of_pass_write_index": q,
-                                                  "end_of_pass_write_index": q + 1})
-            restore(encoder)
-            encoder.resolve_query_set(qs, 0, count, resolve, 0)
-            be.queue.submit([encoder.finish()])
-            ticks = np.frombuffer(be.queue.read_buffer(resolve), np.uint64).reshape(reps, n, 2).astype(np.float64)
-            period = _api.lib.wgpuQueueGetTimestampPeriod(be.queue._internal)
-            resolve.destroy()
-            qs.destroy()
-            return list((ticks[:, :, 1] - ticks[:, :, 0]).min(axis=0) * period / 1e6)
-        # No timestamps: the host clock around submit + wait (a constant overhead, the same for every candidate).
-        encoder = be.device.create_command_encoder()
-        save(encoder)
-        for steps in runs:
-            _encode_pass(encoder, steps)
-        be.queue.submit([encoder.finish()])
-        be.synchronize()
-        best = [math.inf] * n
-        for _ in range(reps):
-            for i, steps in enumerate(runs):
-                encoder = be.device.create_command_encoder()
-                _encode_pass(encoder, steps)
-                t0 = time.perf_counter()
-                be.queue.submit([encoder.finish()])
-                be.synchronize()
-                best[i] = min(best[i], (time.perf_counter() - t0) * 1e3)
-        encoder = be.device.create_command_encoder()
-        restore(encoder)
-        be.queue.submit([encoder.finish()])
-        return best
+        ms = _time_gpu(be, runs, reps, saved) if "timestamp-query" in be.features else None
+        return ms if ms is not None else _time_host(be, runs, reps, saved)
     finally:
-        if backup is not None:
-            backup.destroy()
+        saved.destroy()
 
 
 # ---- the hook --------------------------------------------------------------------------------------------------
@@ -412,6 +431,33 @@ def _entry_plan(be: WgpuBackend, entry: dict[str, Any], m: int, n: int, k: int, 
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     return plan if plan_legal(be, plan, m, n, k, z) else None
+
+
+def _measure(be: WgpuBackend, key: str, cands: list[Plan], record: Callable[[Plan], list], out_handle: int,
+             windows: dict[int, tuple[int, int]] | None) -> list[float] | None:
+    """Milliseconds per candidate (inf: it failed to build); None when timing itself failed."""
+    runs = [record(cands[0])]  # the heuristic's plan: if it fails, so would the untuned path; let it raise
+    for c in cands[1:]:
+        try:
+            runs.append(record(c))
+        except Exception as e:  # a driver refusing one tile (registers, say) rules out that tile only
+            log.debug("autotune %s: candidate %s split %d failed: %s", key, c[0], c[1], e)
+            runs.append([])
+    kept = [i for i, r in enumerate(runs) if r]
+    window = (windows or {}).get(out_handle)
+    buf = be.buffer(out_handle)
+    software = be.adapter.info.get("adapter_type") == "CPU"
+    try:
+        timed = time_candidates(be, [runs[i] for i in kept], (buf, *window) if window else (buf, 0, buf.size),
+                                CPU_REPS if software else REPS)
+    except Exception as e:  # a driver failure while tuning must not fail the load: the heuristic still works
+        warnings.warn(f"ember autotune: timing {key} failed ({type(e).__name__}: {e}); using the heuristic",
+                      stacklevel=4)
+        return None
+    ms = [math.inf] * len(cands)
+    for i, v in zip(kept, timed, strict=True):
+        ms[i] = v
+    return ms
 
 
 def choose(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handle: int,
@@ -439,27 +485,21 @@ def choose(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handl
             return base
         t0 = time.perf_counter()
         try:
-            runs = [record(c) for c in cands]
-            window = (windows or {}).get(out_handle)
-            buf = be.buffer(out_handle)
-            preserve = (buf, *window) if window else (buf, 0, buf.size)
-            software = be.adapter.info.get("adapter_type") == "CPU"
-            ms = time_candidates(be, runs, preserve, CPU_REPS if software else REPS)
-        except Exception as e:  # a driver failure while tuning must not fail the load: the heuristic still works
-            warnings.warn(f"ember autotune: timing {key} failed ({type(e).__name__}: {e}); using the heuristic",
-                          stacklevel=2)
-            return base
+            ms = _measure(be, key, cands, record, out_handle, windows)
         finally:
             t.count("seconds", time.perf_counter() - t0)
+        if ms is None:
+            return base
         best = min(range(len(cands)), key=lambda i: ms[i])
         if ms[0] <= ms[best] * (1 + KEEP_MARGIN):
             best = 0
         tile, splits = cands[best]
         t.count("tuned")
-        t.count("timed", len(cands))
+        t.count("timed", sum(math.isfinite(v) for v in ms))
         t.cache.put(key, {"tile": str(tile), "splits": splits,
                           "ms": round(ms[best], 6), "heuristic_ms": round(ms[0], 6),
-                          "candidates": {f"{c[0]}/s{c[1]}": round(v, 6) for c, v in zip(cands, ms, strict=True)}})
+                          "candidates": {f"{c[0]}/s{c[1]}": round(v, 6) if math.isfinite(v) else None
+                                         for c, v in zip(cands, ms, strict=True)}})
         log.info("autotune %s: %s split %d, %.4f ms (heuristic %s split %d: %.4f ms)", key, tile, splits,
                  ms[best], base[0], base[1], ms[0])
         return cands[best]
