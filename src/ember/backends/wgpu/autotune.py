@@ -462,9 +462,11 @@ def _measure(be: WgpuBackend, key: str, cands: list[Plan], record: Callable[[Pla
 
 def choose(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handle: int,
            make_a: Callable[[Bindings, Tile], Loader], make_b: Callable[[Bindings, Tile], Loader],
-           windows: dict[int, tuple[int, int]] | None, record: Callable[[Plan], list], dtype: str = "f32") -> Plan:
+           windows: dict[int, tuple[int, int]] | None, record: Callable[[Plan], list],
+           dtype: str | None = None) -> Plan:
     """(tile, K splits) for a GEMM problem: plan_gemm's heuristic, or with tuning on the cached / timed best.
-    `record(plan)` records the problem's steps with that plan (record_gemm_kernel)."""
+    `record(plan)` records the problem's steps with that plan (record_gemm_kernel). `dtype` for the key: by
+    default the element types the kernel's bindings declare."""
     t = tuner(be)
     if not t.enabled():
         return plan_gemm(be, m, n, k, z)
@@ -473,7 +475,10 @@ def choose(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handl
         return plan_gemm(be, m, n, k, z)
     base = plan_gemm(be, m, n, k, z)
     probe = Bindings(out_handle, windows)  # loaders built only to read their layout, for the key
-    key = problem_key(name, m, n, k, z, make_a(probe, base[0]), make_b(probe, base[0]), dtype)
+    la, lb = make_a(probe, base[0]), make_b(probe, base[0])
+    if dtype is None:  # storage types change what a tile costs (f16 operands halve the loads)
+        dtype = "+".join(sorted(set(re.findall(r"\b(f16|f32|bf16|i32|u32)\b", "\n".join(probe.declarations())))))
+    key = problem_key(name, m, n, k, z, la, lb, dtype)
     with t.lock:
         entry = t.cache.get(key)
         plan = None if entry is None else _entry_plan(be, entry, m, n, k, z)
