@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 import ember
+
+# Kernel autotune (on by default on hardware GPUs) would time candidates in every GEMM/conv test and write to the
+# user's cache: the suite runs the heuristic's kernels unless EMBER_AUTOTUNE says otherwise; test_autotune.py
+# turns tuning on explicitly.
+os.environ.setdefault("EMBER_AUTOTUNE", "0")
 
 BACKENDS = ember.available_backends()
 

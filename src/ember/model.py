@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -88,9 +89,12 @@ class Model:
     """A loaded ONNX model bound to one backend. Plans are built once per input-shape signature."""
 
     def __init__(self, graph: Graph, backend: str | ComputeBackend, source: str, fuse: bool = True,
-                 precision: str = "f32", **backend_opts: Any) -> None:
+                 precision: str = "f32", autotune: bool | None = None, **backend_opts: Any) -> None:
+        if autotune is not None and not isinstance(autotune, bool):
+            raise TypeError(f"autotune: expected True, False or None, got {autotune!r}")
         self.graph = graph
         self.fuse = fuse
+        self.autotune = autotune
         if precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {list(PRECISIONS)}, got {precision!r}")
         self.source = source
@@ -140,8 +144,13 @@ class Model:
                tuple((n, host[n].tobytes()) for n in sorted(host)))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse,
-                                                          precision=self.precision)
+            # Backends that tune kernels while recording (wgpu) take the model's on/off for this plan.
+            scope = getattr(self._be, "autotune_scope", None)
+            with scope(self.autotune) if scope is not None else contextlib.nullcontext() as report:
+                plan = self._plans[key] = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse,
+                                                     precision=self.precision)
+            if report is not None:  # plan_info shows what tuning cost this plan: autotune.tuned, .seconds, ...
+                plan.stats.update({f"autotune.{k}": v for k, v in report.items()})
         return plan
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -273,8 +282,11 @@ def load_onnx(model: Any, backend: str | ComputeBackend = "auto", **options: Any
     """Load an ONNX model (path, bytes or onnx.ModelProto) onto a backend: "auto", "wgpu", "cpu" (models on
     the same name share one device), or a ComputeBackend object from ember.backend().
 
-    Options: fuse=False (one kernel per node, no graph rewrites); precision="f16" (wgpu on adapters with
-    shader-f16: float16 storage, float32 arithmetic); adapter / power_preference for the wgpu device."""
+    Options: fuse (default True): graph rewrites and kernel fusion. precision="f16" (wgpu on adapters with
+    shader-f16): float16 storage, float32 arithmetic. autotune (wgpu; default None: EMBER_AUTOTUNE if set, else
+    on for hardware GPUs, off for software adapters): time a few GEMM/conv tile configs per shape while planning
+    and keep the fastest, cached on disk per adapter (see ember/backends/wgpu/autotune.py). adapter /
+    power_preference pick the wgpu device."""
     if isinstance(backend, ComputeBackend):
         backend._require_init()
     elif not (isinstance(backend, str) and backend.lower() == "auto"):

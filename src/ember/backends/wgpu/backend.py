@@ -111,6 +111,13 @@ class WgpuBackend(ComputeBackend):
     def adapter_name(self) -> str:
         return dev._describe(self.adapter)
 
+    def autotune_scope(self, enabled: bool | None) -> Any:
+        """A context manager: GEMM/conv tile autotune on/off (None: EMBER_AUTOTUNE, else on for hardware adapters)
+        for what this thread records inside it; yields a dict counting what tuning did there. See autotune.py."""
+        from .autotune import scope
+
+        return scope(self, enabled)
+
     # ---- memory -----------------------------------------------------------------------------------
     def _device_alloc(self, handle: int, nbytes: int) -> None:
         size = -(-nbytes // BUFFER_ALIGN) * BUFFER_ALIGN

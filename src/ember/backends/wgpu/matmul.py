@@ -613,10 +613,17 @@ EpilogueFactory = Callable[[Bindings, bool, bool], Epilogue]
 def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handle: int,
                        make_a: LoaderFactory, make_b: LoaderFactory, make_epilogue: EpilogueFactory,
                        notes: list[str], windows: dict[int, tuple[int, int]] | None = None,
-                       types: dict[Any, str] | None = None) -> list:
-    """Plan (tile, K splits) and record the tiled kernel, plus the split-K reduce kernel when K is split.
+                       types: dict[Any, str] | None = None, plan: tuple[Tile, int] | None = None) -> list:
+    """Record the tiled kernel with `plan` = (tile, K splits), plus the split-K reduce kernel when K is split.
+    Without a plan, autotune.choose picks one (plan_gemm's heuristic, or a tuned choice; see autotune.py).
+    `types`: WGSL storage type per handle (Bindings).
     `windows`: sub-ranges to bind of big allocations (Bindings); the loaders' offsets are relative to them."""
-    tile, splits = plan_gemm(be, m, n, k, z)
+    if plan is None:
+        from . import autotune
+
+        plan = autotune.choose(be, name, m, n, k, z, out_handle, make_a, make_b, windows, lambda p: record_gemm_kernel(
+            be, name, m, n, k, z, out_handle, make_a, make_b, make_epilogue, notes, windows, types, p), types=types)
+    tile, splits = plan
     guard_m, guard_n = m % tile.bm != 0, n % tile.bn != 0
     if splits == 1:
         binds = Bindings(out_handle, windows, types)
