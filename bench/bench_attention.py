@@ -95,7 +95,8 @@ def main() -> int:
         if ref:
             line += f" | torch sdpa {ref[0]:.3f} eager {ref[1]:.3f}"
         print(line, flush=True)
-        print("   fused steps:", fused.profile(feeds)[:3], "\n   unfused steps:", plain.profile(feeds)[:5])
+        arm = [k for k, v in fused.stats().items() if k.startswith("attention.") and v]
+        print(f"   arm {arm}; fused steps:", fused.profile(feeds)[:3], "\n   unfused steps:", plain.profile(feeds)[:5])
     return 0
 
 
