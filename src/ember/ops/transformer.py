@@ -165,11 +165,12 @@ register("Softmax", 1)(type("Softmax", (SoftmaxBase,), {}))
 register("LogSoftmax", 1)(type("LogSoftmax", (SoftmaxBase,), {"log": True}))
 
 
-# Where the flash kernel stops paying (H200, bench/bench_attention.py, 2026-11-30): at 1 x 12 x 1024 x 64 it
-# ties with GEMM + fused softmax + GEMM (0.23 ms), at 4 x 16 x 512 x 128 it is 1.7x slower (0.62 vs 0.37 ms),
-# at 1 x 32 x 2048 x 128 1.8x (4.5 vs 2.5 ms): its fp32 inner loops reach ~11 TFLOP/s where the tiled GEMMs
-# reach ~30. Below this many scores per (batch, head) row block it wins (fewer launches, no S x S buffer).
-FLASH_MAX_SCORES = 512 * 512
+# Where the flash kernel stops paying (H200, bench/bench_attention.py, 2026-11-30): GEMM + fused softmax + GEMM
+# took 0.21 vs 0.23 ms at 1 x 12 x 1024 x 64, 0.45 vs 0.63 ms at 4 x 16 x 512 x 128 and 2.5 vs 4.5 ms at
+# 1 x 32 x 2048 x 128 (the flash kernel's fp32 inner loops reach ~11 TFLOP/s, the tiled GEMMs ~30); at
+# 8 x 12 x 128 x 64 the flash kernel wins (0.037 vs 0.050 ms: fewer launches, no S x S buffer). Flash below
+# this many scores per (batch, head).
+FLASH_MAX_SCORES = 512 * 512 - 1
 GEMM_SCORES_MAX_BYTES = 1 << 30  # the S x S scores buffer the GEMM route may allocate
 
 
