@@ -389,6 +389,15 @@ class ComputeBackend(ABC):
     def execute(self, steps: list) -> None:
         """Run recorded steps in order (on wgpu: one command encoder, one submit)."""
 
+    def prepare(self, steps: list) -> Any:
+        """Steps in the form execute_prepared replays fastest; a plan prepares its steps once and replays them
+        on every run. Here, the steps themselves."""
+        return steps
+
+    def execute_prepared(self, prepared: Any) -> None:
+        """Run what prepare() returned, as execute() would run the steps."""
+        self.execute(prepared)
+
     # Record methods take validated arguments and return a list of steps; nothing runs until execute().
     # The public ops are special cases of the runtime's general primitives below.
     def record_gemm(self, trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float, a: int,

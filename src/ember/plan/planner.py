@@ -41,7 +41,7 @@ class Plan:
         self.inputs = inputs
         self.outputs = outputs
         self.stats = dict(ctx.stats)
-        self._readback: tuple[list, dict] | None = None  # output copies + readers, made on first run
+        self._readback: tuple[Any, list, dict] | None = None  # prepared steps + output copies, readers
         # Memory report: what the intermediates take with reuse, next to the sum of all of them.
         self.intermediate_bytes = ctx.intermediate_bytes
         self.intermediate_bytes_without_reuse = ctx.requested_bytes
@@ -77,10 +77,13 @@ class Plan:
                 if t.view is not None:
                     steps, readers[name] = be.record_readback(t.view)
                     copies += steps
-            self._readback = (copies, readers)
-        copies, readers = self._readback
-        # Output copies ride in the same submit as the model; only the wanted ones are read.
-        be.execute(pre + self.steps + copies)
+            # Output copies ride in the same submit as the model; only the wanted ones are read.
+            self._readback = (be.prepare(self.steps + copies), copies, readers)
+        replay, copies, readers = self._readback
+        if pre:
+            be.execute(pre + self.steps + copies)
+        else:
+            be.execute_prepared(replay)
         for name, t in wanted:
             result[name] = t.value.copy() if t.view is None else readers[name]()
         return result
