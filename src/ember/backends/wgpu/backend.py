@@ -7,6 +7,7 @@ creates no new pipelines (`pipelines_created` counts them).
 
 from __future__ import annotations
 
+import functools
 import os
 import string
 from importlib import resources
@@ -404,6 +405,26 @@ class WgpuBackend(ComputeBackend):
             return _LIBF.wgpuCommandEncoderFinish(encoder, null)
         finally:
             lib.wgpuCommandEncoderRelease(encoder)
+
+    def input_writer(self, handle: int, dtype: Any) -> Any:
+        """upload() for a plan input: an array already in the storage dtype, C-contiguous and a whole number of
+        words goes straight to wgpuQueueWriteBuffer (~7 µs less per input than queue.write_buffer's wrapper);
+        anything else takes upload()."""
+        upload = self.upload
+        if FORCE_WRAPPER_ENCODE or NUMPY_STORAGE[storage_type(dtype)] != np.dtype(dtype):
+            return functools.partial(upload, handle)
+        _raw_lib()
+        write, queue, target, dtype = _LIBF.wgpuQueueWriteBuffer, self.queue._internal, self._bufs[handle], \
+            np.dtype(dtype)
+
+        def write_input(array: np.ndarray) -> None:
+            n = array.nbytes
+            if array.dtype == dtype and array.flags.c_contiguous and n % 4 == 0 and n:
+                write(queue, target._internal, 0, _FFI.from_buffer(array), n)
+            else:
+                upload(handle, array)
+
+        return write_input
 
     def _map_read(self, staging: Any, size: int) -> bytes:
         """The first `size` bytes of a MAP_READ buffer, after all submitted work.
