@@ -8,8 +8,9 @@ Per model (fusion off for the chains, so each node is one dispatch), medians of 
              on lavapipe, the GPU's work done by its own threads)
   check      Model._check_feeds alone (validation, casting)
   plan_run   Plan.run alone (writes, encode, submit, readback)
-  encode     create encoder + encode every step + finish, no submit (the replay's host work): the prepared
+  encode     create encoder + encode every step + finish (the replay's host work; submitted untimed): the prepared
              replay a plan runs (be.prepare / encode_prepared), and `encode_py` the step-list path
+             (be.encode through wgpu-py's encoder objects)
   submit     encode + submit, then a blocking sync outside the timed region
   raw_loop   the same C calls from a flat pre-resolved list (the floor for the Python loop)
   cffi_floor three trivial cffi calls per dispatch (AddRef/Release/AddRef-sized), no wgpu work
@@ -73,16 +74,28 @@ def measure(name: str, repeat: int) -> dict[str, float]:
     prepared = hasattr(be, "encode_prepared")  # absent before the prepared replay: A/B against older commits
     replay = be.prepare(steps) if prepared else steps
 
-    def encode_py() -> None:
+    # Each encode is submitted and waited for outside the timing: wgpu-core recycles the command encoders of
+    # completed submissions; dropping never-submitted ones instead costs ~45 µs each and starves that pool.
+    def encode_py() -> float:
+        t = time.perf_counter()
         enc = dev.create_command_encoder()
         be.encode(enc, steps)
-        enc.finish()
+        cb = enc.finish()
+        dt = time.perf_counter() - t
+        be.queue.submit([cb])
+        be.synchronize()
+        return dt
 
-    def encode() -> None:
-        if prepared:
-            lib.wgpuCommandBufferRelease(be.encode_prepared(replay))
-        else:
-            encode_py()
+    def encode() -> float:
+        if not prepared:
+            return encode_py()
+        t = time.perf_counter()
+        cb = be.encode_prepared(replay)
+        dt = time.perf_counter() - t
+        lib.wgpuQueueSubmit(be.queue._internal, 1, _api.ffi.new("WGPUCommandBuffer[1]", [cb]))
+        lib.wgpuCommandBufferRelease(cb)
+        be.synchronize()
+        return dt
 
     def submit() -> None:
         if prepared:
@@ -128,8 +141,8 @@ def measure(name: str, repeat: int) -> dict[str, float]:
     res["run_cpu"] = med_us(lambda: model.run(feeds), repeat, clock=time.thread_time) / n
     res["check"] = med_us(lambda: model._check_feeds(feeds), repeat) / n
     res["plan_run"] = med_us(lambda: plan.run(arrays), repeat) / n
-    res["encode"] = med_us(encode, repeat) / n
-    res["encode_py"] = med_us(encode_py, repeat) / n
+    res["encode"] = statistics.median(encode() for _ in range(repeat)) * 1e6 / n
+    res["encode_py"] = statistics.median(encode_py() for _ in range(repeat)) * 1e6 / n
     for _ in range(5):
         timed_submit()
     res["submit"] = statistics.median(timed_submit() for _ in range(repeat)) * 1e6 / n
