@@ -224,3 +224,25 @@ def test_wgpu_refuses_float64_instead_of_falling_back() -> None:
     np.testing.assert_array_equal(ember.load_onnx(model, backend="cpu").run({"a": np.ones(3)})["y"], 2 * np.ones(3))
     with pytest.raises(NotImplementedError, match="float64"):
         ember.load_onnx(model, backend="wgpu")
+
+
+def test_static_feeds_fast_path_keeps_the_contract(backend_name) -> None:
+    """Static-shape feeds skip the full check only when nothing needs casting or copying: views, other
+    dtypes, lists and int64 inputs (stored as int32 on wgpu) still give the same results and errors."""
+    nodes = [helper.make_node("Cast", ["i"], ["f"], to=TensorProto.FLOAT), helper.make_node("Add", ["x", "f"], ["y"])]
+    m = ember.load_onnx(make_model(nodes, [vi("x", [2, 3]), vi("i", [2, 3], TensorProto.INT64)], [vi("y", [2, 3])]),
+                        backend=backend_name)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    i = np.arange(6, dtype=np.int64).reshape(2, 3) * 10
+    want = x + i
+    for feed_x in (x, x.T.copy().T, np.asfortranarray(x), x.astype(np.float64), x.tolist(), x.copy()):
+        np.testing.assert_array_equal(m.run({"x": feed_x, "i": i})["y"], want)
+    np.testing.assert_array_equal(m.run({"x": x, "i": i[:, ::-1][:, ::-1]})["y"], want)
+    with pytest.raises(ValueError, match=r"'x'.*dim 1 must be 3, got 2"):
+        m.run({"x": np.zeros((2, 2), np.float32), "i": i})
+    with pytest.raises(ValueError, match=r"'i'.*int64.*float32"):
+        m.run({"x": x, "i": x})
+    with pytest.raises(ValueError, match=r"unknown input name.*'j'"):
+        m.run({"x": x, "j": i})
+    with pytest.raises(ValueError, match=r"missing input.*'i'"):
+        m.run({"x": x})

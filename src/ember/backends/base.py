@@ -8,9 +8,10 @@ plan, so a model run is a replay of steps recorded once (see ember.plan).
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -391,6 +392,20 @@ class ComputeBackend(ABC):
     @abstractmethod
     def execute(self, steps: list) -> None:
         """Run recorded steps in order (on wgpu: one command encoder, one submit)."""
+
+    def prepare(self, steps: list) -> Any:
+        """Steps in the form execute_prepared replays fastest; a plan prepares its steps once and replays them
+        on every run. Here, the steps themselves."""
+        return steps
+
+    def execute_prepared(self, prepared: Any) -> None:
+        """Run what prepare() returned, as execute() would run the steps."""
+        self.execute(prepared)
+
+    def input_writer(self, handle: int, dtype: Any) -> Callable[[np.ndarray], None]:
+        """A function writing a host array of `dtype` into `handle`, for a plan's input written on every run:
+        what upload() does, with the per-call decisions taken here once where a backend can."""
+        return functools.partial(self.upload, handle)
 
     # Record methods take validated arguments and return a list of steps; nothing runs until execute().
     # The public ops are special cases of the runtime's general primitives below.

@@ -42,7 +42,8 @@ class Plan:
         self.inputs = inputs
         self.outputs = outputs
         self.stats = dict(ctx.stats)
-        self._readback: tuple[list, dict] | None = None  # output copies + readers, made on first run
+        self._readback: tuple[Any, list, dict] | None = None  # prepared steps + output copies, readers
+        self._writers: list[tuple[str, T, Any]] | None = None
         # Memory report: what the intermediates take with reuse, next to the sum of all of them.
         self.intermediate_bytes = ctx.intermediate_bytes
         self.intermediate_bytes_without_reuse = ctx.requested_bytes
@@ -53,12 +54,15 @@ class Plan:
         read back, or copied into new device arrays without a host round trip."""
         be = self.backend
         pre, post = [], []
-        for name, t in self.inputs:
+        if self._writers is None:  # per input: its writer, made once (an empty input is never written)
+            self._writers = [(name, t, be.input_writer(t.view.handle, t.dtype) if t.size else None)
+                             for name, t in self.inputs]
+        for name, t, write in self._writers:
             value = feeds[name]
             if isinstance(value, DeviceArray):
                 pre += be.record_copy(value.handle, t.view.handle, be.nbytes(value.handle))
-            elif t.size:
-                be.upload(t.view.handle, value)
+            elif write is not None:
+                write(value)
         wanted = [(n, t) for n, t in self.outputs if names is None or n in names]
         result: dict[str, Any] = {}
         if keep_on_device:
@@ -78,10 +82,13 @@ class Plan:
                 if t.view is not None:
                     steps, readers[name] = be.record_readback(t.view)
                     copies += steps
-            self._readback = (copies, readers)
-        copies, readers = self._readback
-        # Output copies ride in the same submit as the model; only the wanted ones are read.
-        be.execute(pre + self.steps + copies)
+            # Output copies ride in the same submit as the model; only the wanted ones are read.
+            self._readback = (be.prepare(self.steps + copies), copies, readers)
+        replay, copies, readers = self._readback
+        if pre:
+            be.execute(pre + self.steps + copies)
+        else:
+            be.execute_prepared(replay)
         for name, t in wanted:
             result[name] = t.value.copy() if t.view is None else readers[name]()
         return result
@@ -91,6 +98,7 @@ class Plan:
         return list(zip(self.labels, self.backend.profile(self.steps), strict=True))
 
     def free(self) -> None:
+        self._writers = self._readback = None  # they hold the buffers being freed
         for h in self.handles:
             self.backend.free(h)
         self.handles = []
