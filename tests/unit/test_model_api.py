@@ -246,3 +246,21 @@ def test_static_feeds_fast_path_keeps_the_contract(backend_name) -> None:
         m.run({"x": x, "j": i})
     with pytest.raises(ValueError, match=r"missing input.*'i'"):
         m.run({"x": x})
+
+
+def test_runs_replay_a_command_buffer_encoded_ahead(conv_model) -> None:
+    """wgpu encodes a plan's next command buffer right after each submit: every run must still see its own
+    inputs (the early buffer is submitted after that run's writes), and closing the model releases it."""
+    m = ember.load_onnx(conv_model, backend="wgpu")
+    rng = np.random.default_rng(4)
+    for batch in (2, 2, 5, 2, 5, 5):
+        x = rng.random((batch, 3, 8, 8), np.float32)
+        np.testing.assert_allclose(m.run({"x": x})["y"], reference(conv_model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    from ember.backends.wgpu import backend as wb
+
+    if wb.FORCE_WRAPPER_ENCODE or not wb.ENCODE_AHEAD:  # the wrapper path encodes every run itself
+        return
+    replays = [plan._readback[0] for plan in m._plans.values()]
+    assert all(len(r.ahead) == 1 for r in replays), "each plan holds its next command buffer"
+    m.close()
+    assert all(not r.ahead for r in replays)

@@ -402,6 +402,10 @@ class ComputeBackend(ABC):
         """Run what prepare() returned, as execute() would run the steps."""
         self.execute(prepared)
 
+    def release_prepared(self, prepared: Any) -> None:
+        """Drop whatever a backend keeps with prepare()'s result (wgpu: a command buffer encoded ahead)."""
+        return None  # the steps themselves: nothing kept
+
     def input_writer(self, handle: int, dtype: Any) -> Callable[[np.ndarray], None]:
         """A function writing a host array of `dtype` into `handle`, for a plan's input written on every run:
         what upload() does, with the per-call decisions taken here once where a backend can."""

@@ -98,6 +98,8 @@ class Plan:
         return list(zip(self.labels, self.backend.profile(self.steps), strict=True))
 
     def free(self) -> None:
+        if self._readback is not None:
+            self.backend.release_prepared(self._readback[0])
         self._writers = self._readback = None  # they hold the buffers being freed
         for h in self.handles:
             self.backend.free(h)

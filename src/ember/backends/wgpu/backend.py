@@ -27,6 +27,8 @@ WORKGROUPS_PER_DIM = 65535
 
 
 FORCE_WRAPPER_ENCODE = os.environ.get("EMBER_WGPU_PY_ENCODE", "") not in ("", "0")
+# Encode a plan's next command buffer right after submitting this run's (see execute_prepared); 0 turns it off.
+ENCODE_AHEAD = os.environ.get("EMBER_ENCODE_AHEAD", "1") not in ("", "0")
 _NULL: Any = None
 _FFI: Any = None
 _LIBF: Any = None
@@ -70,10 +72,12 @@ class Replay(NamedTuple):
     `segments`: per compute pass a list of (pipeline, bind group, x, y, z), where pipeline / bind group are
     None when the previous dispatch of the pass set the same one; per copy a tuple of
     copyBufferToBuffer's arguments. `steps` keeps the wgpu-py objects owning those handles alive.
+    `ahead`: the next run's command buffer, encoded while the GPU works on this run (0 or 1 raw handles).
     """
 
     steps: list
     segments: list
+    ahead: list
 
 
 def storage_type(dtype: np.dtype) -> str:
@@ -380,20 +384,35 @@ class WgpuBackend(ComputeBackend):
             else:
                 cur = None
                 segments.append((st.src._internal, st.src_offset, st.dst._internal, st.dst_offset, st.size))
-        return Replay(list(steps), segments)
+        return Replay(list(steps), segments, [])
 
     def execute_prepared(self, prepared: Replay | list) -> None:
-        """One command buffer, one submit: execute() without wgpu-py's wrapper objects and descriptors."""
+        """One command buffer, one submit: execute() without wgpu-py's wrapper objects and descriptors.
+
+        The submitted buffer was encoded at the end of the previous run when there was one; right after the
+        submit the next run's buffer is encoded, while the GPU executes this one, so a steady stream of runs
+        pays no encoding time on the critical path (WebGPU command buffers are single-use, so each run needs
+        its own; one encoded early is valid as long as it is submitted after this run's input writes).
+        """
         if type(prepared) is not Replay:
             self.execute(prepared)
             return
         lib = _raw_lib()
-        cb = self.encode_prepared(prepared)
+        cb = prepared.ahead.pop() if prepared.ahead else self.encode_prepared(prepared)
         try:
             _LIBF.wgpuQueueSubmit(self.queue._internal, 1, _FFI.new("WGPUCommandBuffer[1]", [cb]))
         finally:
             lib.wgpuCommandBufferRelease(cb)
         self.dispatches += len(prepared.steps)
+        if ENCODE_AHEAD:
+            prepared.ahead.append(self.encode_prepared(prepared))
+
+    def release_prepared(self, prepared: Replay | list) -> None:
+        """Drop a Replay's command buffer encoded ahead (before its buffers are freed)."""
+        if type(prepared) is Replay:
+            lib = _raw_lib()
+            while prepared.ahead:
+                lib.wgpuCommandBufferRelease(prepared.ahead.pop())
 
     def encode_prepared(self, replay: Replay) -> Any:
         """Encode a Replay into a new raw command buffer (the caller submits and releases it).
