@@ -11,6 +11,7 @@ import functools
 import os
 import re
 import string
+import time
 from importlib import resources
 from typing import Any, NamedTuple
 
@@ -28,6 +29,7 @@ WORKGROUPS_PER_DIM = 65535
 
 FORCE_WRAPPER_ENCODE = os.environ.get("EMBER_WGPU_PY_ENCODE", "") not in ("", "0")
 # Encode a plan's next command buffer right after submitting this run's (see execute_prepared); 0 turns it off.
+PROFILE_WARMUP_S = 0.05  # see profile()
 ENCODE_AHEAD = os.environ.get("EMBER_ENCODE_AHEAD", "1") not in ("", "0")
 _NULL: Any = None
 _FFI: Any = None
@@ -290,6 +292,13 @@ class WgpuBackend(ComputeBackend):
             return super().profile(steps)
         from wgpu.backends.wgpu_native import _api
 
+        if self.adapter.info["adapter_type"] != "CPU":
+            # GPUs drop their clocks within milliseconds of idling (an H200 read 2-3x slow per dispatch right
+            # after the host had been busy): keep it busy with the same work for a moment first.
+            end = time.perf_counter() + PROFILE_WARMUP_S
+            while time.perf_counter() < end:
+                self.execute(steps)
+                self._device_synchronize()
         n = len(steps)
         qs = self.device.create_query_set(type="timestamp", count=2 * n)
         resolve = self.device.create_buffer(size=16 * n,
