@@ -36,7 +36,8 @@ def _pow2ceil(n: int) -> int:
 
 def smem_bytes(gy: int, gx: int, rq: int, rk: int, rs: int) -> int:
     bq, bk = gy * rq, gx * rk
-    return 16 * rs * (bq + bk) + 4 * bk * (bq | 1) + 4 * bq * gx
+    ps = 16 * bk * (gy + 1) if rq == 4 else 4 * bk * (bq | 1)  # see _body: vec4 rows of ps when RQ = 4
+    return 16 * rs * (bq + bk) + ps + 4 * bq * gx
 
 
 def pick_tile(seq_q: int, rs: int, limit: int) -> tuple[int, int, int, int]:
@@ -93,7 +94,7 @@ def _store(name: str, vec: bool, sd: int, st: str) -> str:
 
 
 def _body(gx: int, rq: int, rk: int, nc: int, d4: int, causal: bool, off: int, osi: int,
-          mask: tuple[str, int, int] | None) -> dict[str, str]:
+          mask: tuple[str, int, int] | None, vec_ps: bool) -> dict[str, str]:
     """The unrolled parts of the kernel: register tiles of RQ rows x RK keys and RQ rows x NC chunks.
 
     osi: the output's row stride; mask: (binding, row stride, key stride) of the additive mask, or None."""
@@ -144,12 +145,19 @@ def _body(gx: int, rq: int, rk: int, nc: int, d4: int, causal: bool, off: int, o
                f"        let alpha{i} = select(exp(m{i} - mt{i}), 1.0, none{i});",
                f"        m{i} = mt{i};"]
         for k in keys:
-            sm += [f"        let p{i}_{k} = select(exp(s{i}_{k} - mt{i}), 0.0, none{i});",
-                   f"        ps[(tx + {k * gx}u) * BQP + r{i}] = p{i}_{k};"]
+            sm.append(f"        let p{i}_{k} = select(exp(s{i}_{k} - mt{i}), 0.0, none{i});")
+            if not vec_ps:
+                sm.append(f"        ps[(tx + {k * gx}u) * BQP + r{i}] = p{i}_{k};")
         sm.append(f"        l{i} = l{i} * alpha{i} + " + " + ".join(f"p{i}_{k}" for k in keys) + ";")
         sm += [f"        acc{i}_{n} = acc{i}_{n} * alpha{i};" for n in chunks]
+    if vec_ps:  # a thread's four rows of one key as one vec4: the P.V loop reads them with one load
+        sm += [f"        ps[(tx + {k * gx}u) * BQP + ty] = vec4<f32>({', '.join(f'p{i}_{k}' for i in rows)});"
+               for k in keys]
 
-    pv = [f"            let p{i} = ps[j * BQP + r{i}];" for i in rows]
+    if vec_ps:
+        pv = ["            let pq = ps[j * BQP + ty];"] + [f"            let p{i} = pq.{'xyzw'[i]};" for i in rows]
+    else:
+        pv = [f"            let p{i} = ps[j * BQP + r{i}];" for i in rows]
     for n in chunks:
         upd = f"let vv{n} = kvs[j * RS + tx + {n * gx}u]; " + " ".join(f"acc{i}_{n} += p{i} * vv{n};" for i in rows)
         pv.append("            " + chunk_guarded(n, upd))
@@ -261,6 +269,7 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
     limit = int(be.limits.get("max-compute-workgroup-storage-size", 16384))
     gy, gx, rq, rk = pick_tile(seq_q, rs, limit)
     bq, bk = gy * rq, gx * rk
+    vec_ps = rq == 4
     nc = -(-d4 // gx)
     qblocks = -(-seq_q // bq)
     groups = batch * hq * qblocks
@@ -282,9 +291,12 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
                         desc("q", q), desc("k", k), desc("v", v), desc("mask", mask), desc("out", out)])
     src = be.kernel_source(
         "attention", HEADER=header, BINDINGS="\n".join(decls), SQ=seq_q, SKV=seq_kv, SQL=seq_q - 1,
-        SKL=max(seq_kv - 1, 0), HQ=hq, REP=hq // hkv, D=d, D4=d4, RS=rs, GX=gx, BQ=bq, BQP=bq | 1, BK=bk,
+        SKL=max(seq_kv - 1, 0), HQ=hq, REP=hq // hkv, D=d, D4=d4, RS=rs, GX=gx, BQ=bq,
+        BQP=gy + 1 if vec_ps else bq | 1, BK=bk,
         WG=gy * gx, QBLOCKS=qblocks, GROUPS=groups, SCALE=float_literal(scale),
-        QS_SIZE=bq * rs, KV_SIZE=bk * rs, PS_SIZE=bk * (bq | 1), RED_SIZE=bq * gx,
+        QS_SIZE=bq * rs, KV_SIZE=bk * rs, RED_SIZE=bq * gx,
+        PS_DECL=f"var<workgroup> ps: array<vec4<f32>, {bk * (gy + 1)}>;" if vec_ps else
+        f"var<workgroup> ps: array<f32, {bk * (bq | 1)}>;",
         LOAD_Q=_row_io(qn, qvec, q.strides[3]),
         LOAD_K=_row_io(kn, kvec, k.strides[3]),
         LOAD_V=_row_io(vn, vvec, v.strides[3]), STORE_O=_store("o", out_vec, out.strides[3], ot),
@@ -292,7 +304,7 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
         Q_ROW=lin("qb", [("min(i, SQL)", q.strides[2])]), K_ROW=lin("kb", [("min(j0 + j, SKL)", k.strides[2])]),
         V_ROW=lin("vb", [("min(j0 + j, SKL)", v.strides[2])]), KEND=kend,
         **_body(gx, rq, rk, nc, d4, causal, off, out.strides[2],
-                (mn, mask.strides[2], mask.strides[3]) if mask is not None else None),
+                (mn, mask.strides[2], mask.strides[3]) if mask is not None else None, vec_ps),
     )
     label = "attention"
     pipe = be.pipeline(label, src)

@@ -8,7 +8,9 @@ from typing import Any
 from ..base import View
 from .backend import WgpuBackend, grid_1d, storage_type
 
-_IDENT = {("sum", "f32"): "0.0", ("sum", "i32"): "0i", ("prod", "f32"): "1.0", ("prod", "i32"): "1i"}
+# f16 lines (float16 models) run in f16 like numpy's float16 cumsum; precision="f16" plans keep these ops in f32.
+_IDENT = {("sum", "f32"): "0.0", ("sum", "f16"): "0.0", ("sum", "i32"): "0i", ("prod", "f32"): "1.0",
+          ("prod", "f16"): "1.0", ("prod", "i32"): "1i"}
 _COMBINE = {"none": "v", "add": "cur + v", "mul": "cur * v", "max": "max(cur, v)", "min": "min(cur, v)"}
 
 

@@ -31,7 +31,7 @@ const D4: u32 = ${D4}u;  // head_dim in vec4s, rounded up
 const RS: u32 = ${RS}u;  // row stride of the q and k/v tiles, in vec4s (odd: no bank conflicts)
 const GX: u32 = ${GX}u;  // lanes per row group
 const BQ: u32 = ${BQ}u;  // query rows per workgroup
-const BQP: u32 = ${BQP}u;  // row stride of ps (odd)
+const BQP: u32 = ${BQP}u;  // row stride of ps, padded (in f32s, or in vec4s of 4 rows when RQ = 4)
 const BK: u32 = ${BK}u;  // keys per tile
 const WG: u32 = ${WG}u;
 const QBLOCKS: u32 = ${QBLOCKS}u;
@@ -40,7 +40,7 @@ const SCALE: f32 = ${SCALE};
 
 var<workgroup> qs: array<vec4<f32>, ${QS_SIZE}>;
 var<workgroup> kvs: array<vec4<f32>, ${KV_SIZE}>;
-var<workgroup> ps: array<f32, ${PS_SIZE}>;
+${PS_DECL}
 var<workgroup> red: array<f32, ${RED_SIZE}>;
 
 // Chunk c (< D4) of the row starting at element `base` of an operand; zeros past head_dim.
