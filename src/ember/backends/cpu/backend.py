@@ -15,6 +15,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..base import ComputeBackend, OutOfMemoryError, View
 from ..expr import Expr, eval_numpy
+from .inplace import compile_inplace
 
 Step = Callable[[], None]
 
@@ -93,6 +94,9 @@ class CpuBackend(ComputeBackend):
         if expr.indexed():
             int_dtype = np.dtype(np.int64)  # index arithmetic must not wrap in a narrow data dtype
         shape = out.shape
+        fast = compile_inplace(expr, ins, dst)
+        if fast is not None:
+            return [fast]
 
         def step() -> None:
             dst[...] = eval_numpy(expr, ins, float_dtype, int_dtype, shape)
@@ -132,60 +136,72 @@ class CpuBackend(ComputeBackend):
         n, c, h, wd = x.shape
         k, cg, r, s = w.shape
         _, _, p, q = out.shape
-        (sh, sw), (pt, pl, pb, pr), (dh, dw) = stride, pads, dilation
+        sh, sw = stride
         kg = k // groups
-        if any(pads):
-            padded = np.zeros((n, c, h + pt + pb, wd + pl + pr), xv.dtype)
-            interior = padded[:, :, pt:pt + h, pl:pl + wd]
-        else:
-            padded, interior = xv, None  # read when the step runs (never copied at record time)
-        ps = padded.strides
         flat = dst.reshape(n, k, p * q)
-
-        def window(i: int, j: int) -> np.ndarray:
-            return padded[:, :, i * dh: i * dh + sh * (p - 1) + 1: sh, j * dw: j * dw + sw * (q - 1) + 1: sw]
+        # The epilogue runs in place on the output (bias add, then the activation compiled to ufunc calls).
+        epilogue = _epilogue(act, dst)
 
         if groups == c and cg == 1 and k == c:
-            # Depthwise: r*s shifted multiply-adds beat C tiny matmuls. Taps are read when the step runs:
-            # the weight may be computed by an earlier step.
-            def compute() -> None:
-                for t, (i, j) in enumerate((i, j) for i in range(r) for j in range(s)):
-                    tap = wv[:, 0, i, j].reshape(1, c, 1, 1)
-                    if t == 0:
-                        np.multiply(window(i, j), tap, out=dst)
-                    else:
-                        dst[...] += window(i, j) * tap
+            compute = self._depthwise(xv, wv, dst, (r, s), stride, pads, dilation)
         elif groups == 1 and r == s == 1 and sh == sw == 1 and not any(pads):
-            wmat = wv.reshape(k, c)
+            # 1x1: the input already is the GEMM's right-hand matrix.
+            wmat, xmat = wv.reshape(k, c), xv.reshape(n, c, h * wd)
 
             def compute() -> None:
-                np.matmul(wmat, padded.reshape(n, c, h * wd), out=flat)
+                for i in range(n):  # 2-D products: numpy hands those to BLAS directly
+                    np.matmul(wmat, xmat[i], out=flat[i])
         else:
-            # im2col into a buffer allocated once, then one BLAS product per group (written in place).
-            cols = as_strided(padded, (n, groups, cg, r, s, p, q),
-                              (ps[0], ps[1] * cg, ps[1], ps[2] * dh, ps[3] * dw, ps[2] * sh, ps[3] * sw))
-            colbuf = np.empty((n, groups, cg * r * s, p * q), xv.dtype)
-            colview = colbuf.reshape(n, groups, cg, r, s, p, q)
+            # im2col into a buffer made once, laid out (n, c, r, s, p, q) so that each group's (cg*r*s, p*q)
+            # block is contiguous and the product is one BLAS call writing the output in place.
+            colbuf = np.zeros((n, groups, cg * r * s, p * q), xv.dtype)
+            fill = _im2col(xv, colbuf.reshape(n, c, r, s, p, q), stride, pads, dilation)
             wmat = wv.reshape(groups, kg, cg * r * s)
             out_g = dst.reshape(n, groups, kg, p * q)
 
             def compute() -> None:
-                np.copyto(colview, cols)
-                if groups == 1:
-                    np.matmul(wmat[0], colbuf[:, 0], out=flat)
-                else:
-                    np.matmul(wmat[None], colbuf, out=out_g)
+                fill()
+                for i in range(n):
+                    for g in range(groups):
+                        np.matmul(wmat[g], colbuf[i, g], out=out_g[i, g])
 
         def step() -> None:
-            if interior is not None:
-                interior[...] = xv
             compute()
             if bv is not None:
-                dst[...] += bv
-            if act is not None:
-                dst[...] = eval_numpy(act, [dst], dst.dtype)
+                np.add(dst, bv, out=dst)
+            if epilogue is not None:
+                epilogue()
 
         return [step]
+
+    @staticmethod
+    def _depthwise(xv: np.ndarray, wv: np.ndarray, dst: np.ndarray, kernel: tuple[int, int],
+                   stride: tuple[int, int], pads: tuple[int, int, int, int], dilation: tuple[int, int]) -> Step:
+        """r*s shifted multiply-adds (C tiny matmuls would be slower). Taps are read when the step runs: the
+        weight may be computed by an earlier step."""
+        n, c, h, wd = xv.shape
+        _, _, p, q = dst.shape
+        (r, s), (sh, sw), (pt, pl, pb, pr), (dh, dw) = kernel, stride, pads, dilation
+        padded = np.zeros((n, c, h + pt + pb, wd + pl + pr), xv.dtype)
+        interior = padded[:, :, pt:pt + h, pl:pl + wd] if any(pads) else None
+        src = padded if any(pads) else xv
+        windows = [src[:, :, i * dh: i * dh + sh * (p - 1) + 1: sh, j * dw: j * dw + sw * (q - 1) + 1: sw]
+                   for i in range(r) for j in range(s)]
+        taps = wv.reshape(1, c, r * s)
+        tmp = np.empty_like(dst)
+
+        def compute() -> None:
+            if interior is not None:
+                np.copyto(interior, xv)
+            for t, win in enumerate(windows):
+                tap = taps[..., t, None, None]
+                if t == 0:
+                    np.multiply(win, tap, out=dst)
+                else:
+                    np.multiply(win, tap, out=tmp)
+                    np.add(dst, tmp, out=dst)
+
+        return compute
 
     def record_reduce_axes(self, op: str, x: View, out: View, n_reduce: int) -> list[Step]:
         xv, dst = self.array(x), self.array(out)
@@ -322,6 +338,72 @@ class CpuBackend(ComputeBackend):
                 dst[...] = v - np.log(s) if log else e / s
 
         return [step]
+
+
+def _epilogue(act: Expr | None, dst: np.ndarray) -> Step | None:
+    """`act` over the accumulator dst, in place: compiled to ufunc calls where it is plain float arithmetic."""
+    if act is None:
+        return None
+    fast = compile_inplace(act, [dst], dst, clobber=0)
+    if fast is not None:
+        return fast
+
+    def step() -> None:
+        dst[...] = eval_numpy(act, [dst], dst.dtype)
+
+    return step
+
+
+def _im2col(xv: np.ndarray, cols: np.ndarray, stride: tuple[int, int], pads: tuple[int, int, int, int],
+            dilation: tuple[int, int]) -> Step:
+    """A step copying every kernel tap of xv (n, c, h, w) into cols (n, c, r, s, p, q), which starts zeroed.
+
+    Each tap is one copy of the input rectangle it reads into the output rectangle it covers; the padding's
+    zeros are never written, so they stay from the buffer's creation and no padded input copy is made.
+    A strided conv with many taps (a 7x7/2 stem) first splits the input into its sh*sw phases (the padding
+    included), so each tap copies unit-stride rows instead of gathering every other element.
+    """
+    n, c, h, w = xv.shape
+    _, _, r, s, p, q = cols.shape
+    (sh, sw), (pt, pl, _, _), (dh, dw) = stride, pads, dilation
+
+    def span(o: int, i: int, st: int, pad: int, size: int) -> tuple[int, int]:
+        """Output positions [lo, hi) whose input index o*st + i - pad lies in [0, size)."""
+        return max(0, -(-(pad - i) // st)), min(o, (size - 1 + pad - i) // st + 1)
+
+    pairs: list[tuple[np.ndarray, np.ndarray]] = []
+    if r * s > 4 * sh * sw:
+        # phase (a, b)[u, v] = padded input[u*sh + a, v*sw + b]; tap (i, j) reads phase (i*dh % sh, j*dw % sw)
+        # from (i*dh // sh, j*dw // sw) on, p x q elements.
+        ph_h, ph_w = ((r - 1) * dh) // sh + p, ((s - 1) * dw) // sw + q
+        phases = np.zeros((sh, sw, n, c, ph_h, ph_w), xv.dtype)
+        for a in range(sh):
+            u0, u1 = span(ph_h, a, sh, pt, h)
+            for b in range(sw):
+                v0, v1 = span(ph_w, b, sw, pl, w)
+                if u1 > u0 and v1 > v0:
+                    y0, x0 = u0 * sh + a - pt, v0 * sw + b - pl
+                    pairs.append((phases[a, b, :, :, u0:u1, v0:v1],
+                                  xv[:, :, y0: y0 + sh * (u1 - u0 - 1) + 1: sh, x0: x0 + sw * (v1 - v0 - 1) + 1: sw]))
+        for i in range(r):
+            for j in range(s):
+                (ai, ui), (bj, vj) = divmod(i * dh, sh)[::-1], divmod(j * dw, sw)[::-1]
+                pairs.append((cols[:, :, i, j], phases[ai, bj, :, :, ui: ui + p, vj: vj + q]))
+    else:
+        for i in range(r):
+            a0, a1 = span(p, i * dh, sh, pt, h)
+            for j in range(s):
+                b0, b1 = span(q, j * dw, sw, pl, w)
+                if a1 > a0 and b1 > b0:
+                    y0, x0 = a0 * sh + i * dh - pt, b0 * sw + j * dw - pl
+                    pairs.append((cols[:, :, i, j, a0:a1, b0:b1],
+                                  xv[:, :, y0: y0 + sh * (a1 - a0 - 1) + 1: sh, x0: x0 + sw * (b1 - b0 - 1) + 1: sw]))
+
+    def fill() -> None:
+        for d, src in pairs:
+            np.copyto(d, src)
+
+    return fill
 
 
 def _check_rows(x: View, out: View, n: int) -> None:
