@@ -221,6 +221,8 @@ class CpuBackend(ComputeBackend):
         n, c, h, w = x.shape
         (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = kernel, stride, pads, dilation
         oh, ow = out.shape[2:]
+        if kind == "max":
+            return [_max_pool(xv, dst, kernel, stride, pads, dilation)]
         # Pad far enough that every window (ceil_mode ones too) lies inside; the padding is -inf for max,
         # 0 for sums, and a 0/1 mask counts the real elements for the average.
         eh = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - (h + pt))
@@ -354,6 +356,51 @@ def _epilogue(act: Expr | None, dst: np.ndarray) -> Step | None:
     return step
 
 
+def _span(o: int, i: int, st: int, pad: int, size: int) -> tuple[int, int]:
+    """Output positions [lo, hi) (of o) whose input index lo*st + i - pad lies in [0, size)."""
+    return max(0, -(-(pad - i) // st)), min(o, (size - 1 + pad - i) // st + 1)
+
+
+def _taps(x: np.ndarray, y: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
+          pads: tuple[int, int, int, int], dilation: tuple[int, int],
+          ) -> list[tuple[tuple[int, int], tuple[slice, slice], tuple[slice, slice]]]:
+    """Per kernel tap of a window op from x to y (the last two dims: height, width): (i, j), the output
+    rectangle it reaches and the input rectangle it reads there (taps that only see padding are left out)."""
+    (r, s), (sh, sw), (pt, pl, _, _), (dh, dw) = kernel, stride, pads, dilation
+    h, w = x.shape[-2:]
+    p, q = y.shape[-2:]
+    out = []
+    for i in range(r):
+        a0, a1 = _span(p, i * dh, sh, pt, h)
+        for j in range(s):
+            b0, b1 = _span(q, j * dw, sw, pl, w)
+            if a1 > a0 and b1 > b0:
+                y0, x0 = a0 * sh + i * dh - pt, b0 * sw + j * dw - pl
+                out.append(((i, j), (slice(a0, a1), slice(b0, b1)),
+                            (slice(y0, y0 + sh * (a1 - a0 - 1) + 1, sh), slice(x0, x0 + sw * (b1 - b0 - 1) + 1, sw))))
+    return out
+
+
+def _max_pool(xv: np.ndarray, dst: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
+              pads: tuple[int, int, int, int], dilation: tuple[int, int]) -> Step:
+    """Running maximum over the taps, each clipped to the input: no padded copy. A tap that covers the whole
+    output starts it; windows made of padding only stay -inf."""
+    p, q = dst.shape[-2:]
+    pairs = [(dst[..., o[0], o[1]], xv[..., i[0], i[1]]) for _, o, i in _taps(xv, dst, kernel, stride, pads, dilation)]
+    full = next((k for k, (d, _) in enumerate(pairs) if d.shape[-2:] == (p, q)), None)
+    first = pairs.pop(full)[1] if full is not None else None
+
+    def step() -> None:
+        if first is None:
+            dst.fill(-np.inf)
+        else:
+            np.copyto(dst, first)
+        for d, src in pairs:
+            np.maximum(d, src, out=d)  # propagates NaN, as MaxPool must
+
+    return step
+
+
 def _im2col(xv: np.ndarray, cols: np.ndarray, stride: tuple[int, int], pads: tuple[int, int, int, int],
             dilation: tuple[int, int]) -> Step:
     """A step copying every kernel tap of xv (n, c, h, w) into cols (n, c, r, s, p, q), which starts zeroed.
@@ -363,41 +410,24 @@ def _im2col(xv: np.ndarray, cols: np.ndarray, stride: tuple[int, int], pads: tup
     A strided conv with many taps (a 7x7/2 stem) first splits the input into its sh*sw phases (the padding
     included), so each tap copies unit-stride rows instead of gathering every other element.
     """
-    n, c, h, w = xv.shape
+    n, c = xv.shape[:2]
     _, _, r, s, p, q = cols.shape
-    (sh, sw), (pt, pl, _, _), (dh, dw) = stride, pads, dilation
-
-    def span(o: int, i: int, st: int, pad: int, size: int) -> tuple[int, int]:
-        """Output positions [lo, hi) whose input index o*st + i - pad lies in [0, size)."""
-        return max(0, -(-(pad - i) // st)), min(o, (size - 1 + pad - i) // st + 1)
-
-    pairs: list[tuple[np.ndarray, np.ndarray]] = []
+    (sh, sw), (dh, dw) = stride, dilation
     if r * s > 4 * sh * sw:
         # phase (a, b)[u, v] = padded input[u*sh + a, v*sw + b]; tap (i, j) reads phase (i*dh % sh, j*dw % sw)
         # from (i*dh // sh, j*dw // sw) on, p x q elements.
         ph_h, ph_w = ((r - 1) * dh) // sh + p, ((s - 1) * dw) // sw + q
         phases = np.zeros((sh, sw, n, c, ph_h, ph_w), xv.dtype)
-        for a in range(sh):
-            u0, u1 = span(ph_h, a, sh, pt, h)
-            for b in range(sw):
-                v0, v1 = span(ph_w, b, sw, pl, w)
-                if u1 > u0 and v1 > v0:
-                    y0, x0 = u0 * sh + a - pt, v0 * sw + b - pl
-                    pairs.append((phases[a, b, :, :, u0:u1, v0:v1],
-                                  xv[:, :, y0: y0 + sh * (u1 - u0 - 1) + 1: sh, x0: x0 + sw * (v1 - v0 - 1) + 1: sw]))
+        # Filling the phases is itself a window op: an sh x sw kernel at stride (sh, sw), one tap per phase.
+        pairs = [(phases[a, b][..., o[0], o[1]], xv[..., t[0], t[1]])
+                 for (a, b), o, t in _taps(xv, phases, stride, stride, pads, (1, 1))]
         for i in range(r):
             for j in range(s):
                 (ai, ui), (bj, vj) = divmod(i * dh, sh)[::-1], divmod(j * dw, sw)[::-1]
                 pairs.append((cols[:, :, i, j], phases[ai, bj, :, :, ui: ui + p, vj: vj + q]))
     else:
-        for i in range(r):
-            a0, a1 = span(p, i * dh, sh, pt, h)
-            for j in range(s):
-                b0, b1 = span(q, j * dw, sw, pl, w)
-                if a1 > a0 and b1 > b0:
-                    y0, x0 = a0 * sh + i * dh - pt, b0 * sw + j * dw - pl
-                    pairs.append((cols[:, :, i, j, a0:a1, b0:b1],
-                                  xv[:, :, y0: y0 + sh * (a1 - a0 - 1) + 1: sh, x0: x0 + sw * (b1 - b0 - 1) + 1: sw]))
+        pairs = [(cols[:, :, i, j, o[0], o[1]], xv[..., t[0], t[1]])
+                 for (i, j), o, t in _taps(xv, cols, (r, s), stride, pads, dilation)]
 
     def fill() -> None:
         for d, src in pairs:
