@@ -115,6 +115,23 @@ class CpuBackend(ComputeBackend):
         dt = dst.dtype
         alpha_ = dt.type(alpha)
         beta_ = dt.type(beta)
+        if not any(np.may_share_memory(dst, v) for v in (av, bv, cv) if v is not None):
+            # The product lands in the output and the epilogue runs there in place: no temporaries.
+            epilogue = _epilogue(act, dst)
+            scaled = np.empty_like(dst) if cv is not None and beta != 1.0 else None
+
+            def direct() -> None:
+                np.matmul(av, bv, out=dst)
+                if alpha != 1.0:
+                    np.multiply(dst, alpha_, out=dst)
+                if scaled is not None:
+                    np.add(dst, np.multiply(cv, beta_, out=scaled), out=dst)
+                elif cv is not None:
+                    np.add(dst, cv, out=dst)
+                if epilogue is not None:
+                    epilogue()
+
+            return [direct]
 
         def step() -> None:
             r = np.matmul(av, bv)
