@@ -1,6 +1,7 @@
 """ember's cpu backend against ONNX Runtime's CPU provider, measured side by side in one process.
 
     PYTHONPATH=src python bench/bench_cpu.py [--models resnet18_b1,mobilenetv2_b1] [--repeat 40] [--threads N]
+        [--src OTHER/src]  # measure another checkout's ember (before/after comparisons)
         [--profile 15]   # also the slowest recorded steps of ember's plan, and the time per op kind
 
 The machine may be shared and noisy, so the two engines run interleaved (one ember run, one ORT run, ...) and
@@ -22,7 +23,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "src"))
+# --src DIR: measure the ember found in DIR instead (another checkout: before/after comparisons).
+_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else str(ROOT / "src")
+sys.path.insert(0, _SRC)
 
 from bench.bench_models import workloads  # noqa: E402
 
@@ -34,6 +37,7 @@ def main() -> int:
     ap.add_argument("--models", default="resnet18_b1,mobilenetv2_b1")
     ap.add_argument("--repeat", type=int, default=40)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--src", help="import ember from this src directory (default: this checkout's)")
     ap.add_argument("--profile", type=int, default=0, help="show the N slowest steps of ember's plan")
     args = ap.parse_args()
 
