@@ -1,12 +1,13 @@
 """ember's cpu backend against ONNX Runtime's CPU provider, measured side by side in one process.
 
-    PYTHONPATH=src python bench/bench_cpu.py [--models resnet18_b1,mobilenetv2_b1] [--repeat 40] [--threads N]
+    PYTHONPATH=src python bench/bench_cpu.py [--models resnet18_b1,mobilenetv2_b1] [--blocks 8] [--threads N]
         [--src OTHER/src]  # measure another checkout's ember (before/after comparisons)
         [--profile 15]   # also the slowest recorded steps of ember's plan, and the time per op kind
 
-The machine may be shared and noisy, so the two engines run interleaved (one ember run, one ORT run, ...) and
-the reported ratio is the median of the per-pair ratios; ORT uses `--threads` intra-op threads (default: the
-core count, which is what ORT picks by default).
+The machine may be shared and noisy, so the two engines run in alternating blocks (the first runs of each
+block dropped: idle OpenBLAS and ORT workers spin for a while and would tax the other engine), and the ratio
+is of the medians over all kept runs. ORT runs with its defaults but `--threads` intra-op threads (default:
+the core count, which is what ORT picks itself).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -27,21 +30,22 @@ sys.path.insert(0, str(ROOT))
 _SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else str(ROOT / "src")
 sys.path.insert(0, _SRC)
 
-from bench.bench_models import workloads  # noqa: E402
-
 import ember  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet18_b1,mobilenetv2_b1")
-    ap.add_argument("--repeat", type=int, default=40)
+    ap.add_argument("--blocks", type=int, default=8, help="blocks of runs per engine, alternating")
+    ap.add_argument("--block", type=int, default=8, help="runs per block")
+    ap.add_argument("--drop", type=int, default=3, help="runs dropped at the start of each block")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--src", help="import ember from this src directory (default: this checkout's)")
     ap.add_argument("--profile", type=int, default=0, help="show the N slowest steps of ember's plan")
     args = ap.parse_args()
 
     import onnxruntime as ort
+    from bench.bench_models import workloads  # after ember: it puts this checkout's src on sys.path
 
     print(f"ember from {ember.__file__}; onnxruntime {ort.__version__}, {args.threads} intra-op threads; "
           f"numpy {np.__version__}; {os.cpu_count()} cores")
@@ -51,32 +55,38 @@ def main() -> int:
         model = ember.load_onnx(path, backend="cpu")
         so = ort.SessionOptions()
         so.intra_op_num_threads = args.threads
-        # Idle ORT workers spin by default, stealing the cores from the ember run interleaved with them
-        # (ember measured 2-3x slower); without spinning ORT's own time is unchanged here.
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         want = sess.run(None, feeds)[0]
         got = model.run(feeds)[next(iter(model.run(feeds)))]
         err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
-        for _ in range(3):
-            model.run(feeds)
-            sess.run(None, feeds)
-        te, to, ratios = [], [], []
-        for _ in range(args.repeat):
-            t = time.perf_counter()
-            model.run(feeds)
-            a = time.perf_counter() - t
-            t = time.perf_counter()
-            sess.run(None, feeds)
-            b = time.perf_counter() - t
-            te.append(a * 1e3)
-            to.append(b * 1e3)
-            ratios.append(a / b)
-        print(f"{name}: ember cpu {statistics.median(te):.2f} ms, ORT {statistics.median(to):.2f} ms, "
-              f"ratio (median of pairs) {statistics.median(ratios):.2f}x  [max rel err vs ORT {err:.1e}]")
+        # Blocks of runs, alternating between the engines; each block's first runs are dropped: both keep
+        # worker threads spinning for a while after a run (OpenBLAS's, ORT's), which would tax the other.
+        te: list[float] = []
+        to: list[float] = []
+        run_ember, run_ort = partial(model.run, feeds), partial(sess.run, None, feeds)
+        for _ in range(args.blocks):
+            te += timed(run_ember, args.block)[args.drop:]
+            to += timed(run_ort, args.block)[args.drop:]
+        me, mo = statistics.median(te), statistics.median(to)
+        print(f"{name}: ember cpu {me:.2f} ms (p10 {pct(te, 10):.2f}, p90 {pct(te, 90):.2f}), ORT {mo:.2f} ms "
+              f"(p10 {pct(to, 10):.2f}, p90 {pct(to, 90):.2f}): ratio {me / mo:.2f}x "
+              f"(of p10s {pct(te, 10) / pct(to, 10):.2f}x)  [max rel err vs ORT {err:.1e}]")
         if args.profile:
             profile(model, feeds, args.profile)
     return 0
+
+
+def timed(fn: Callable[[], object], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def pct(xs: list[float], q: int) -> float:
+    return sorted(xs)[len(xs) * q // 100]
 
 
 def profile(model: ember.Model, feeds: dict, top: int) -> None:
