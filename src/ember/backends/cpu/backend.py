@@ -6,6 +6,7 @@ output view, so replaying a plan allocates nothing but numpy's temporaries.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..base import ComputeBackend, OutOfMemoryError, View
 from ..expr import Expr, eval_numpy
+from . import parallel
 from .inplace import compile_inplace
 
 Step = Callable[[], None]
@@ -165,55 +167,91 @@ class CpuBackend(ComputeBackend):
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
                     act: Expr | None = None) -> list[Step]:
         xv, wv, dst = self.array(x), self.array(w), self.array(out)
-        bv = self.array(bias).reshape(1, -1, 1, 1) if bias is not None else None
+        bv = self.array(bias).reshape(-1, 1, 1) if bias is not None else None
         n, c, h, wd = x.shape
         k, cg, r, s = w.shape
         _, _, p, q = out.shape
         sh, sw = stride
-        kg = k // groups
-        flat = dst.reshape(n, k, p * q)
-        # The epilogue runs in place on the output (bias add, then the activation compiled to ufunc calls).
-        epilogue = _epilogue(act, dst)
+        kg, kk = k // groups, cg * r * s
+        pool = parallel.pool()
+        threads = pool.size if pool is not None else 1
 
+        def finish(o: np.ndarray, ch: slice) -> Step:
+            """Bias add and activation in place on o, output channels `ch` of one image."""
+            b = bv[ch] if bv is not None else None
+            epilogue = _epilogue(act, o)
+
+            def run() -> None:
+                if b is not None:
+                    np.add(o, b, out=o)
+                if epilogue is not None:
+                    epilogue()
+
+            return run
+
+        def product(wm: np.ndarray, cols: Callable[[], np.ndarray] | np.ndarray, o: np.ndarray, ch: slice,
+                    fill: Step | None = None) -> Step:
+            """A task: (fill,) one BLAS product into the output rows o, their bias and activation."""
+            o2 = _matrix(o)
+            done = finish(o, ch)
+
+            def run() -> None:
+                if fill is not None:
+                    fill()
+                np.matmul(wm, cols, out=o2)
+                done()
+
+            return run
+
+        # A conv is built as (independent tasks for the pool: copies, depthwise sums; then the BLAS products,
+        # which OpenBLAS spreads over the cores itself).
+        scratch: _Scratch | None = None
         if groups == c and cg == 1 and k == c:
-            compute = self._depthwise(xv, wv, dst, (r, s), stride, pads, dilation)
+            # Depthwise: shifted multiply-adds over bands of channels.
+            def build(_: np.ndarray | None) -> list[list[Step]]:
+                tasks = []
+                for c0, c1 in _chunks(c, threads):
+                    run = self._depthwise(xv[:, c0:c1], wv[c0:c1], dst[:, c0:c1], (r, s), stride, pads, dilation)
+                    tasks.append(_seq(run, *(finish(dst[i, c0:c1], slice(c0, c1)) for i in range(n))))
+                return [tasks, []]
         elif groups == 1 and r == s == 1 and sh == sw == 1 and not any(pads):
-            # 1x1: the input already is the GEMM's right-hand matrix.
+            # 1x1: the input already is the product's right-hand matrix.
             wmat, xmat = wv.reshape(k, c), xv.reshape(n, c, h * wd)
 
-            def compute() -> None:
-                for i in range(n):  # 2-D products: numpy hands those to BLAS directly
-                    np.matmul(wmat, xmat[i], out=flat[i])
+            def build(_: np.ndarray | None) -> list[list[Step]]:
+                return [[], [product(wmat, xmat[i], dst[i], slice(None)) for i in range(n)]]
         else:
-            # im2col, laid out (n, c, r, s, p, q) so that each group's (cg*r*s, p*q) block is contiguous and
-            # the product is one BLAS call writing the output in place. The matrix lives in the backend's
+            # im2col, then products writing the output in place. The column matrices live in the backend's
             # shared scratch buffer: ResNet-18's would take 40 MB apart, each written cold (2.5 ms a run).
-            cols_shape = (n, groups, cg * r * s, p * q)
-            nbytes = math.prod(cols_shape) * xv.dtype.itemsize
             scratch = self._scratch
-            scratch.reserve(nbytes)
-            wmat = wv.reshape(groups, kg, cg * r * s)
-            out_g = dst.reshape(n, groups, kg, p * q)
-            bound: list[Any] = [None, None, None]  # the scratch buffer seen last, its cols view, its filler
+            scratch.reserve(n * groups * kk * p * q * xv.dtype.itemsize)
+            wmat = wv.reshape(groups, kg, kk)
 
-            def compute() -> None:
-                with scratch.lock:
-                    if bound[0] is not scratch.buf:  # first run, or the buffer grew since
-                        cols = scratch.buf[:nbytes].view(xv.dtype).reshape(cols_shape)
-                        bound[:] = [scratch.buf, cols, _im2col(xv, cols.reshape(n, c, r, s, p, q), stride, pads,
-                                                               dilation)]
-                    _, cols, fill = bound
-                    fill()
-                    for i in range(n):
-                        for g in range(groups):
-                            np.matmul(wmat[g], cols[i, g], out=out_g[i, g])
+            def build(buf: np.ndarray | None) -> list[list[Step]]:
+                assert buf is not None
+                cols = buf.view(xv.dtype)[: n * groups * kk * p * q].reshape(n, groups, kk, p * q)
+                c6 = cols.reshape(n, c, r, s, p, q)
+                # im2col on the calling thread (split over the pool it was no faster: the copies contend with
+                # the spinning OpenBLAS workers), then one product per image and group.
+                products = [product(wmat[g], cols[i, g], dst[i, g * kg: (g + 1) * kg], slice(g * kg, (g + 1) * kg))
+                            for i in range(n) for g in range(groups)]
+                return [[], [_im2col(xv, c6, stride, pads, dilation), *products]]
+
+        bound: list[Any] = [None, None]  # the scratch buffer the tasks were built on, the tasks
 
         def step() -> None:
-            compute()
-            if bv is not None:
-                np.add(dst, bv, out=dst)
-            if epilogue is not None:
-                epilogue()
+            with scratch.lock if scratch is not None else _NO_LOCK:
+                buf = scratch.buf if scratch is not None else None
+                if bound[1] is None or bound[0] is not buf:  # first run, or the scratch grew since
+                    bound[:] = [buf, build(buf)]
+                parallel_part, products = bound[1]
+                if pool is None:
+                    for task in parallel_part:
+                        task()
+                else:
+                    pool.run(parallel_part)
+                for task in products:  # OpenBLAS runs each on all cores itself
+                    task()
 
         return [step]
 
@@ -383,6 +421,31 @@ class CpuBackend(ComputeBackend):
                 dst[...] = v - np.log(s) if log else e / s
 
         return [step]
+
+
+_NO_LOCK = contextlib.nullcontext()
+
+
+def _chunks(total: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` (or fewer) near-equal [start, stop) ranges covering range(total)."""
+    parts = max(1, min(parts, total))
+    return [(total * i // parts, total * (i + 1) // parts) for i in range(parts)]
+
+
+def _matrix(o: np.ndarray) -> np.ndarray:
+    """o (rows, ...) as a 2-D view (rows, -1) for a product's `out=`; it must not be a copy."""
+    m = o.reshape(o.shape[0], -1)
+    if not np.may_share_memory(m, o):
+        raise AssertionError("conv output band is not a view")
+    return m
+
+
+def _seq(*steps: Step) -> Step:
+    def run() -> None:
+        for st in steps:
+            st()
+
+    return run
 
 
 def _epilogue(act: Expr | None, dst: np.ndarray) -> Step | None:
