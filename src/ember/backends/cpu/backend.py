@@ -207,10 +207,13 @@ class CpuBackend(ComputeBackend):
         # which OpenBLAS spreads over the cores itself).
         scratch: _Scratch | None = None
         if groups == c and cg == 1 and k == c:
-            # Depthwise: shifted multiply-adds over bands of channels.
+            # Depthwise: shifted multiply-adds over bands of channels, each small enough (~64K outputs) that
+            # its 2 * r * s passes stay in the core's cache; a multiple of `threads` bands keeps cores even.
+            bands = -(-max(threads, -(-n * c * p * q // 65536)) // threads) * threads
+
             def build(_: np.ndarray | None) -> list[list[Step]]:
                 tasks = []
-                for c0, c1 in _chunks(c, threads):
+                for c0, c1 in _chunks(c, bands):
                     run = self._depthwise(xv[:, c0:c1], wv[c0:c1], dst[:, c0:c1], (r, s), stride, pads, dilation)
                     tasks.append(_seq(run, *(finish(dst[i, c0:c1], slice(c0, c1)) for i in range(n))))
                 return [tasks, []]
@@ -259,28 +262,40 @@ class CpuBackend(ComputeBackend):
     def _depthwise(xv: np.ndarray, wv: np.ndarray, dst: np.ndarray, kernel: tuple[int, int],
                    stride: tuple[int, int], pads: tuple[int, int, int, int], dilation: tuple[int, int]) -> Step:
         """r*s shifted multiply-adds (C tiny matmuls would be slower). Taps are read when the step runs: the
-        weight may be computed by an earlier step."""
-        n, c, h, wd = xv.shape
+        weight may be computed by an earlier step.
+
+        The input is first split into its sh*sw stride phases, padding included (one padded copy at stride
+        1), so that every tap reads its phase at a fixed offset. Flattening each phase's plane then makes a
+        tap's window one long run per channel: the output is computed on rows as wide as the phase (the
+        extra columns are discarded), where 2-D windows would give numpy inner loops of q elements.
+        """
+        n, c = xv.shape[:2]
         _, _, p, q = dst.shape
-        (r, s), (sh, sw), (pt, pl, pb, pr), (dh, dw) = kernel, stride, pads, dilation
-        padded = np.zeros((n, c, h + pt + pb, wd + pl + pr), xv.dtype)
-        interior = padded[:, :, pt:pt + h, pl:pl + wd] if any(pads) else None
-        src = padded if any(pads) else xv
-        windows = [src[:, :, i * dh: i * dh + sh * (p - 1) + 1: sh, j * dw: j * dw + sw * (q - 1) + 1: sw]
-                   for i in range(r) for j in range(s)]
+        (r, s), (sh, sw), (dh, dw) = kernel, stride, dilation
+        offsets = [(divmod(i * dh, sh), divmod(j * dw, sw)) for i in range(r) for j in range(s)]
+        ph_w = ((s - 1) * dw) // sw + q
+        ph_h = ((r - 1) * dh) // sh + p + 1  # one more row: the last windows run past their row's end
+        phases = np.zeros((sh, sw, n, c, ph_h, ph_w), xv.dtype)
+        fills = [(phases[a, b][..., o[0], o[1]], xv[..., t[0], t[1]])
+                 for (a, b), o, t in _taps(xv, phases, stride, stride, pads, (1, 1))]
+        flat = phases.reshape(sh, sw, n, c, ph_h * ph_w)
+        span = p * ph_w
+        windows = [flat[a, b, :, :, u * ph_w + v: u * ph_w + v + span] for (u, a), (v, b) in offsets]
         taps = wv.reshape(1, c, r * s)
-        tmp = np.empty_like(dst)
+        acc, tmp = np.empty((n, c, span), xv.dtype), np.empty((n, c, span), xv.dtype)
+        valid = acc.reshape(n, c, p, ph_w)[..., :q]
 
         def compute() -> None:
-            if interior is not None:
-                np.copyto(interior, xv)
+            for d, src in fills:
+                np.copyto(d, src)
             for t, win in enumerate(windows):
-                tap = taps[..., t, None, None]
+                tap = taps[..., t, None]
                 if t == 0:
-                    np.multiply(win, tap, out=dst)
+                    np.multiply(win, tap, out=acc)
                 else:
                     np.multiply(win, tap, out=tmp)
-                    np.add(dst, tmp, out=dst)
+                    np.add(acc, tmp, out=acc)
+            np.copyto(dst, valid)
 
         return compute
 
