@@ -7,6 +7,7 @@ output view, so replaying a plan allocates nothing but numpy's temporaries.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -189,40 +190,37 @@ class CpuBackend(ComputeBackend):
 
             return run
 
-        def product(wm: np.ndarray, cols: Callable[[], np.ndarray] | np.ndarray, o: np.ndarray, ch: slice,
-                    fill: Step | None = None) -> Step:
-            """A task: (fill,) one BLAS product into the output rows o, their bias and activation."""
+        def product(wm: np.ndarray, cols: np.ndarray, o: np.ndarray, ch: slice) -> Step:
+            """One BLAS product (OpenBLAS spreads it over the cores) into the output rows o, then their bias
+            and activation."""
             o2 = _matrix(o)
             done = finish(o, ch)
 
             def run() -> None:
-                if fill is not None:
-                    fill()
                 np.matmul(wm, cols, out=o2)
                 done()
 
             return run
 
-        # A conv is built as (independent tasks for the pool: copies, depthwise sums; then the BLAS products,
-        # which OpenBLAS spreads over the cores itself).
+        # `build` makes the step's parts, given the scratch buffer where the conv uses it.
         scratch: _Scratch | None = None
         if groups == c and cg == 1 and k == c:
             # Depthwise: shifted multiply-adds over bands of channels, each small enough (~64K outputs) that
             # its 2 * r * s passes stay in the core's cache; a multiple of `threads` bands keeps cores even.
             bands = -(-max(threads, -(-n * c * p * q // 65536)) // threads) * threads
 
-            def build(_: np.ndarray | None) -> list[list[Step]]:
+            def build(_: np.ndarray | None) -> list[Step]:
                 tasks = []
                 for c0, c1 in _chunks(c, bands):
                     run = self._depthwise(xv[:, c0:c1], wv[c0:c1], dst[:, c0:c1], (r, s), stride, pads, dilation)
                     tasks.append(_seq(run, *(finish(dst[i, c0:c1], slice(c0, c1)) for i in range(n))))
-                return [tasks, []]
+                return [functools.partial(pool.run, tasks)] if pool is not None else tasks
         elif groups == 1 and r == s == 1 and sh == sw == 1 and not any(pads):
             # 1x1: the input already is the product's right-hand matrix.
             wmat, xmat = wv.reshape(k, c), xv.reshape(n, c, h * wd)
 
-            def build(_: np.ndarray | None) -> list[list[Step]]:
-                return [[], [product(wmat, xmat[i], dst[i], slice(None)) for i in range(n)]]
+            def build(_: np.ndarray | None) -> list[Step]:
+                return [product(wmat, xmat[i], dst[i], slice(None)) for i in range(n)]
         else:
             # im2col, then products writing the output in place. The column matrices live in the backend's
             # shared scratch buffer: ResNet-18's would take 40 MB apart, each written cold (2.5 ms a run).
@@ -230,7 +228,7 @@ class CpuBackend(ComputeBackend):
             scratch.reserve(n * groups * kk * p * q * xv.dtype.itemsize)
             wmat = wv.reshape(groups, kg, kk)
 
-            def build(buf: np.ndarray | None) -> list[list[Step]]:
+            def build(buf: np.ndarray | None) -> list[Step]:
                 assert buf is not None
                 cols = buf.view(xv.dtype)[: n * groups * kk * p * q].reshape(n, groups, kk, p * q)
                 c6 = cols.reshape(n, c, r, s, p, q)
@@ -238,23 +236,17 @@ class CpuBackend(ComputeBackend):
                 # the spinning OpenBLAS workers), then one product per image and group.
                 products = [product(wmat[g], cols[i, g], dst[i, g * kg: (g + 1) * kg], slice(g * kg, (g + 1) * kg))
                             for i in range(n) for g in range(groups)]
-                return [[], [_im2col(xv, c6, stride, pads, dilation), *products]]
+                return [_im2col(xv, c6, stride, pads, dilation), *products]
 
-        bound: list[Any] = [None, None]  # the scratch buffer the tasks were built on, the tasks
+        bound: list[Any] = [None, None]  # the scratch buffer the parts were built on, the parts
 
         def step() -> None:
             with scratch.lock if scratch is not None else _NO_LOCK:
                 buf = scratch.buf if scratch is not None else None
                 if bound[1] is None or bound[0] is not buf:  # first run, or the scratch grew since
                     bound[:] = [buf, build(buf)]
-                parallel_part, products = bound[1]
-                if pool is None:
-                    for task in parallel_part:
-                        task()
-                else:
-                    pool.run(parallel_part)
-                for task in products:  # OpenBLAS runs each on all cores itself
-                    task()
+                for part in bound[1]:
+                    part()
 
         return [step]
 

@@ -1,30 +1,27 @@
 """Intra-op parallelism for the cpu backend: the caller and a few worker threads share a step's tasks.
 
-numpy releases the GIL inside copies, ufunc loops and BLAS calls, so threads running those run in parallel.
-Left to itself, a conv is single-threaded im2col and epilogue around an OpenBLAS product that splits
-itself in fixed halves; the idle core waits through the copies, and a half whose thread is descheduled on a
-busy machine stalls the product for a whole time slice. Here a conv is cut into independent tasks (im2col,
-product and epilogue of a band of output rows, each product on one BLAS thread) that threads take in
-turn, as ONNX Runtime's pool does: all the work is parallel, and a preempted thread leaves its tasks to the
-others. OpenBLAS is held to one thread while such a step runs (a process-wide setting: restored after).
+numpy releases the GIL inside copies and ufunc loops, so threads running those run in parallel. BLAS
+products are left to OpenBLAS, which spreads them over the cores itself: products split into bands on
+single-threaded BLAS ran ~40% slower here (measured on ResNet-18), and so did im2col copies split over
+the pool (they contend with OpenBLAS's workers, which spin between products). What the pool runs is
+work with no BLAS in it: depthwise convolutions, over bands of channels.
 """
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 Task = Callable[[], None]
 
 
 class Pool:
-    """`workers` daemon threads; `run(tasks)` hands the tasks out to them and to the caller, in order."""
+    """`workers` daemon threads; `run(tasks)` hands the tasks out to them and to the caller, in order, and
+    returns when all are done (re-raising the first exception a task raised)."""
 
     def __init__(self, workers: int) -> None:
         self.size = workers + 1
@@ -54,6 +51,7 @@ class Pool:
             for task in tasks:
                 task()
             return
+        # [tasks, next index, lock, all-done event, errors, tasks finished]
         job = [tasks, itertools.count(), threading.Lock(), threading.Event(), [], 0]
         for _ in range(min(self.size - 1, len(tasks) - 1)):
             self._jobs.put(job)
@@ -63,70 +61,18 @@ class Pool:
             raise job[4][0]
 
 
-def _openblas() -> tuple[Callable[[int], Any], Callable[[], int]] | None:
-    """(set_num_threads, get_num_threads) of the OpenBLAS that numpy loaded, or None (another BLAS)."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "openblas" in line.lower() and ".so" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix, suffix in (("scipy_openblas", "64_"), ("openblas", "64_"), ("openblas", ""),
-                               ("scipy_openblas", "")):
-            setter = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-            getter = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-            if setter is not None and getter is not None:
-                setter.argtypes, setter.restype, getter.restype = [ctypes.c_int], None, ctypes.c_int
-                return setter, getter
-    return None
-
-
 _lock = threading.Lock()
-_state = {"depth": 0, "saved": 1}
-_blas: tuple[Callable[[int], Any], Callable[[], int]] | None = None
-_pool: Pool | None = None
-_made = False
+_pool: list[Pool | None] = []
 
 
 def pool() -> Pool | None:
-    """The process's pool, or None where it would not help: one core, EMBER_CPU_THREADS=1, or a BLAS whose
-    thread count cannot be set (its own threads would then oversubscribe the cores)."""
-    global _pool, _blas, _made
+    """The process's pool (made on first use), or None on one core or with EMBER_CPU_THREADS=1."""
     with _lock:
-        if not _made:
-            _made = True
+        if not _pool:
             try:
                 cores = len(os.sched_getaffinity(0))
-            except AttributeError:
+            except AttributeError:  # not on Linux
                 cores = os.cpu_count() or 1
             threads = int(os.environ.get("EMBER_CPU_THREADS", cores))
-            if threads > 1:
-                import numpy  # noqa: F401  (loads the BLAS library that _openblas looks for)
-
-                _blas = _openblas()
-                if _blas is not None:
-                    _pool = Pool(threads - 1)
-        return _pool
-
-
-@contextmanager
-def single_threaded_blas() -> Iterator[None]:
-    """OpenBLAS on one thread inside (nests, and is shared by concurrent callers)."""
-    assert _blas is not None
-    setter, getter = _blas
-    with _lock:
-        if _state["depth"] == 0:
-            _state["saved"] = getter()
-            setter(1)
-        _state["depth"] += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _state["depth"] -= 1
-            if _state["depth"] == 0:
-                setter(_state["saved"])
+            _pool.append(Pool(threads - 1) if threads > 1 else None)
+        return _pool[0]
