@@ -207,7 +207,8 @@ class CpuBackend(ComputeBackend):
         if groups == c and cg == 1 and k == c:
             # Depthwise: shifted multiply-adds over bands of channels, each small enough (~64K outputs) that
             # its 2 * r * s passes stay in the core's cache; a multiple of `threads` bands keeps cores even.
-            bands = -(-max(threads, -(-n * c * p * q // 65536)) // threads) * threads
+            bands = -(-n * c * p * q // 65536)
+            bands = -(-bands // threads) * threads
 
             def build(_: np.ndarray | None) -> list[Step]:
                 tasks = []
@@ -443,7 +444,7 @@ def _matrix(o: np.ndarray) -> np.ndarray:
     """o (rows, ...) as a 2-D view (rows, -1) for a product's `out=`; it must not be a copy."""
     m = o.reshape(o.shape[0], -1)
     if not np.may_share_memory(m, o):
-        raise AssertionError("conv output band is not a view")
+        raise AssertionError("conv output block is not a view")
     return m
 
 
