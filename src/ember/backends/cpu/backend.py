@@ -6,7 +6,10 @@ output view, so replaying a plan allocates nothing but numpy's temporaries.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +18,24 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..base import ComputeBackend, OutOfMemoryError, View
 from ..expr import Expr, eval_numpy
+from . import parallel
+from .inplace import compile_inplace
 
 Step = Callable[[], None]
+
+
+class _Scratch:
+    """One buffer shared by every im2col step of a backend, so that it stays in cache between convs. A step
+    holds the lock while it uses the buffer: plans on one backend may run in several threads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.buf = np.empty(0, np.uint8)
+
+    def reserve(self, nbytes: int) -> None:
+        with self.lock:
+            if self.buf.nbytes < nbytes:
+                self.buf = np.empty(nbytes, np.uint8)  # steps bound to the old one rebind on their next run
 
 
 class CpuBackend(ComputeBackend):
@@ -25,6 +44,7 @@ class CpuBackend(ComputeBackend):
     def __init__(self) -> None:
         super().__init__()
         self._mem: dict[int, np.ndarray] = {}
+        self._scratch = _Scratch()
 
     def _init_device(self) -> None:
         pass
@@ -93,6 +113,9 @@ class CpuBackend(ComputeBackend):
         if expr.indexed():
             int_dtype = np.dtype(np.int64)  # index arithmetic must not wrap in a narrow data dtype
         shape = out.shape
+        fast = compile_inplace(expr, ins, dst)
+        if fast is not None:
+            return [fast]
 
         def step() -> None:
             dst[...] = eval_numpy(expr, ins, float_dtype, int_dtype, shape)
@@ -111,6 +134,23 @@ class CpuBackend(ComputeBackend):
         dt = dst.dtype
         alpha_ = dt.type(alpha)
         beta_ = dt.type(beta)
+        if not any(np.may_share_memory(dst, v) for v in (av, bv, cv) if v is not None):
+            # The product lands in the output and the epilogue runs there in place: no temporaries.
+            epilogue = _epilogue(act, dst)
+            scaled = np.empty_like(dst) if cv is not None and beta != 1.0 else None
+
+            def direct() -> None:
+                np.matmul(av, bv, out=dst)
+                if alpha != 1.0:
+                    np.multiply(dst, alpha_, out=dst)
+                if scaled is not None:
+                    np.add(dst, np.multiply(cv, beta_, out=scaled), out=dst)
+                elif cv is not None:
+                    np.add(dst, cv, out=dst)
+                if epilogue is not None:
+                    epilogue()
+
+            return [direct]
 
         def step() -> None:
             r = np.matmul(av, bv)
@@ -128,64 +168,129 @@ class CpuBackend(ComputeBackend):
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
                     act: Expr | None = None) -> list[Step]:
         xv, wv, dst = self.array(x), self.array(w), self.array(out)
-        bv = self.array(bias).reshape(1, -1, 1, 1) if bias is not None else None
+        bv = self.array(bias).reshape(-1, 1, 1) if bias is not None else None
         n, c, h, wd = x.shape
         k, cg, r, s = w.shape
         _, _, p, q = out.shape
-        (sh, sw), (pt, pl, pb, pr), (dh, dw) = stride, pads, dilation
-        kg = k // groups
-        if any(pads):
-            padded = np.zeros((n, c, h + pt + pb, wd + pl + pr), xv.dtype)
-            interior = padded[:, :, pt:pt + h, pl:pl + wd]
-        else:
-            padded, interior = xv, None  # read when the step runs (never copied at record time)
-        ps = padded.strides
-        flat = dst.reshape(n, k, p * q)
+        sh, sw = stride
+        kg, kk = k // groups, cg * r * s
+        pool = parallel.pool()
+        threads = pool.size if pool is not None else 1
 
-        def window(i: int, j: int) -> np.ndarray:
-            return padded[:, :, i * dh: i * dh + sh * (p - 1) + 1: sh, j * dw: j * dw + sw * (q - 1) + 1: sw]
+        def finish(o: np.ndarray, ch: slice) -> Step:
+            """Bias add and activation in place on o, output channels `ch` of one image."""
+            b = bv[ch] if bv is not None else None
+            epilogue = _epilogue(act, o)
 
+            def run() -> None:
+                if b is not None:
+                    np.add(o, b, out=o)
+                if epilogue is not None:
+                    epilogue()
+
+            return run
+
+        def product(wm: np.ndarray, cols: np.ndarray, o: np.ndarray, ch: slice) -> Step:
+            """One BLAS product (OpenBLAS spreads it over the cores) into the output rows o, then their bias
+            and activation."""
+            o2 = _matrix(o)
+            done = finish(o, ch)
+
+            def run() -> None:
+                np.matmul(wm, cols, out=o2)
+                done()
+
+            return run
+
+        # `build` makes the step's parts, given the scratch buffer where the conv uses it.
+        scratch: _Scratch | None = None
         if groups == c and cg == 1 and k == c:
-            # Depthwise: r*s shifted multiply-adds beat C tiny matmuls. Taps are read when the step runs:
-            # the weight may be computed by an earlier step.
-            def compute() -> None:
-                for t, (i, j) in enumerate((i, j) for i in range(r) for j in range(s)):
-                    tap = wv[:, 0, i, j].reshape(1, c, 1, 1)
-                    if t == 0:
-                        np.multiply(window(i, j), tap, out=dst)
-                    else:
-                        dst[...] += window(i, j) * tap
+            # Depthwise: shifted multiply-adds over bands of channels, each small enough (~64K outputs) that
+            # its 2 * r * s passes stay in the core's cache; a multiple of `threads` bands keeps cores even.
+            bands = -(-n * c * p * q // 65536)
+            bands = -(-bands // threads) * threads
+
+            def build(_: np.ndarray | None) -> list[Step]:
+                tasks = []
+                for c0, c1 in _chunks(c, bands):
+                    run = self._depthwise(xv[:, c0:c1], wv[c0:c1], dst[:, c0:c1], (r, s), stride, pads, dilation)
+                    tasks.append(_seq(run, *(finish(dst[i, c0:c1], slice(c0, c1)) for i in range(n))))
+                return [functools.partial(pool.run, tasks)] if pool is not None else tasks
         elif groups == 1 and r == s == 1 and sh == sw == 1 and not any(pads):
-            wmat = wv.reshape(k, c)
+            # 1x1: the input already is the product's right-hand matrix.
+            wmat, xmat = wv.reshape(k, c), xv.reshape(n, c, h * wd)
 
-            def compute() -> None:
-                np.matmul(wmat, padded.reshape(n, c, h * wd), out=flat)
+            def build(_: np.ndarray | None) -> list[Step]:
+                return [product(wmat, xmat[i], dst[i], slice(None)) for i in range(n)]
         else:
-            # im2col into a buffer allocated once, then one BLAS product per group (written in place).
-            cols = as_strided(padded, (n, groups, cg, r, s, p, q),
-                              (ps[0], ps[1] * cg, ps[1], ps[2] * dh, ps[3] * dw, ps[2] * sh, ps[3] * sw))
-            colbuf = np.empty((n, groups, cg * r * s, p * q), xv.dtype)
-            colview = colbuf.reshape(n, groups, cg, r, s, p, q)
-            wmat = wv.reshape(groups, kg, cg * r * s)
-            out_g = dst.reshape(n, groups, kg, p * q)
+            # im2col, then products writing the output in place. The column matrices live in the backend's
+            # shared scratch buffer: ResNet-18's would take 40 MB apart, each written cold (2.5 ms a run).
+            scratch = self._scratch
+            scratch.reserve(n * groups * kk * p * q * xv.dtype.itemsize)
+            wmat = wv.reshape(groups, kg, kk)
 
-            def compute() -> None:
-                np.copyto(colview, cols)
-                if groups == 1:
-                    np.matmul(wmat[0], colbuf[:, 0], out=flat)
-                else:
-                    np.matmul(wmat[None], colbuf, out=out_g)
+            def build(buf: np.ndarray | None) -> list[Step]:
+                assert buf is not None
+                cols = buf.view(xv.dtype)[: n * groups * kk * p * q].reshape(n, groups, kk, p * q)
+                c6 = cols.reshape(n, c, r, s, p, q)
+                # im2col on the calling thread (split over the pool it was no faster: the copies contend with
+                # the spinning OpenBLAS workers), then one product per image and group.
+                products = [product(wmat[g], cols[i, g], dst[i, g * kg: (g + 1) * kg], slice(g * kg, (g + 1) * kg))
+                            for i in range(n) for g in range(groups)]
+                return [_im2col(xv, c6, stride, pads, dilation), *products]
+
+        bound: list[Any] = [None, None]  # the scratch buffer the parts were built on, the parts
 
         def step() -> None:
-            if interior is not None:
-                interior[...] = xv
-            compute()
-            if bv is not None:
-                dst[...] += bv
-            if act is not None:
-                dst[...] = eval_numpy(act, [dst], dst.dtype)
+            with scratch.lock if scratch is not None else _NO_LOCK:
+                buf = scratch.buf if scratch is not None else None
+                if bound[1] is None or bound[0] is not buf:  # first run, or the scratch grew since
+                    bound[:] = [buf, build(buf)]
+                for part in bound[1]:
+                    part()
 
         return [step]
+
+    @staticmethod
+    def _depthwise(xv: np.ndarray, wv: np.ndarray, dst: np.ndarray, kernel: tuple[int, int],
+                   stride: tuple[int, int], pads: tuple[int, int, int, int], dilation: tuple[int, int]) -> Step:
+        """r*s shifted multiply-adds (C tiny matmuls would be slower). Taps are read when the step runs: the
+        weight may be computed by an earlier step.
+
+        The input is first split into its sh*sw stride phases, padding included (one padded copy at stride
+        1), so that every tap reads its phase at a fixed offset. Flattening each phase's plane then makes a
+        tap's window one long run per channel: the output is computed on rows as wide as the phase (the
+        extra columns are discarded), where 2-D windows would give numpy inner loops of q elements.
+        """
+        n, c = xv.shape[:2]
+        _, _, p, q = dst.shape
+        (r, s), (sh, sw), (dh, dw) = kernel, stride, dilation
+        offsets = [(divmod(i * dh, sh), divmod(j * dw, sw)) for i in range(r) for j in range(s)]
+        ph_w = ((s - 1) * dw) // sw + q
+        ph_h = ((r - 1) * dh) // sh + p + 1  # one more row: the last windows run past their row's end
+        phases = np.zeros((sh, sw, n, c, ph_h, ph_w), xv.dtype)
+        fills = [(phases[a, b][..., o[0], o[1]], xv[..., t[0], t[1]])
+                 for (a, b), o, t in _taps(xv, phases, stride, stride, pads, (1, 1))]
+        flat = phases.reshape(sh, sw, n, c, ph_h * ph_w)
+        span = p * ph_w
+        windows = [flat[a, b, :, :, u * ph_w + v: u * ph_w + v + span] for (u, a), (v, b) in offsets]
+        taps = wv.reshape(1, c, r * s)
+        acc, tmp = np.empty((n, c, span), xv.dtype), np.empty((n, c, span), xv.dtype)
+        valid = acc.reshape(n, c, p, ph_w)[..., :q]
+
+        def compute() -> None:
+            for d, src in fills:
+                np.copyto(d, src)
+            for t, win in enumerate(windows):
+                tap = taps[..., t, None]
+                if t == 0:
+                    np.multiply(win, tap, out=acc)
+                else:
+                    np.multiply(win, tap, out=tmp)
+                    np.add(acc, tmp, out=acc)
+            np.copyto(dst, valid)
+
+        return compute
 
     def record_reduce_axes(self, op: str, x: View, out: View, n_reduce: int) -> list[Step]:
         xv, dst = self.array(x), self.array(out)
@@ -205,6 +310,8 @@ class CpuBackend(ComputeBackend):
         n, c, h, w = x.shape
         (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = kernel, stride, pads, dilation
         oh, ow = out.shape[2:]
+        if kind == "max":
+            return [_max_pool(xv, dst, kernel, stride, pads, dilation)]
         # Pad far enough that every window (ceil_mode ones too) lies inside; the padding is -inf for max,
         # 0 for sums, and a 0/1 mask counts the real elements for the average.
         eh = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - (h + pt))
@@ -322,6 +429,139 @@ class CpuBackend(ComputeBackend):
                 dst[...] = v - np.log(s) if log else e / s
 
         return [step]
+
+
+_NO_LOCK = contextlib.nullcontext()
+
+
+def _chunks(total: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` (or fewer) near-equal [start, stop) ranges covering range(total)."""
+    parts = max(1, min(parts, total))
+    return [(total * i // parts, total * (i + 1) // parts) for i in range(parts)]
+
+
+def _matrix(o: np.ndarray) -> np.ndarray:
+    """o (rows, ...) as a 2-D view (rows, -1) for a product's `out=`; it must not be a copy."""
+    m = o.reshape(o.shape[0], -1)
+    if not np.may_share_memory(m, o):
+        raise AssertionError("conv output block is not a view")
+    return m
+
+
+def _seq(*steps: Step) -> Step:
+    def run() -> None:
+        for st in steps:
+            st()
+
+    return run
+
+
+def _epilogue(act: Expr | None, dst: np.ndarray) -> Step | None:
+    """`act` over the accumulator dst, in place: compiled to ufunc calls where it is plain float arithmetic."""
+    if act is None:
+        return None
+    fast = compile_inplace(act, [dst], dst, clobber=0)
+    if fast is not None:
+        return fast
+
+    def step() -> None:
+        dst[...] = eval_numpy(act, [dst], dst.dtype)
+
+    return step
+
+
+def _span(o: int, i: int, st: int, pad: int, size: int) -> tuple[int, int]:
+    """Output positions [lo, hi) (of o) whose input index lo*st + i - pad lies in [0, size)."""
+    return max(0, -(-(pad - i) // st)), min(o, (size - 1 + pad - i) // st + 1)
+
+
+def _taps(x: np.ndarray, y: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
+          pads: tuple[int, int, int, int], dilation: tuple[int, int],
+          ) -> list[tuple[tuple[int, int], tuple[slice, slice], tuple[slice, slice]]]:
+    """Per kernel tap of a window op from x to y (the last two dims: height, width): (i, j), the output
+    rectangle it reaches and the input rectangle it reads there (taps that only see padding are left out)."""
+    (r, s), (sh, sw), (pt, pl, _, _), (dh, dw) = kernel, stride, pads, dilation
+    h, w = x.shape[-2:]
+    p, q = y.shape[-2:]
+    out = []
+    for i in range(r):
+        a0, a1 = _span(p, i * dh, sh, pt, h)
+        for j in range(s):
+            b0, b1 = _span(q, j * dw, sw, pl, w)
+            if a1 > a0 and b1 > b0:
+                y0, x0 = a0 * sh + i * dh - pt, b0 * sw + j * dw - pl
+                out.append(((i, j), (slice(a0, a1), slice(b0, b1)),
+                            (slice(y0, y0 + sh * (a1 - a0 - 1) + 1, sh), slice(x0, x0 + sw * (b1 - b0 - 1) + 1, sw))))
+    return out
+
+
+def _max_pool(xv: np.ndarray, dst: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
+              pads: tuple[int, int, int, int], dilation: tuple[int, int]) -> Step:
+    """Running maximum over the taps, each clipped to the input: no padded copy. A tap that covers the whole
+    output starts it; windows made of padding only stay -inf."""
+    p, q = dst.shape[-2:]
+    pairs = [(dst[..., o[0], o[1]], xv[..., i[0], i[1]]) for _, o, i in _taps(xv, dst, kernel, stride, pads, dilation)]
+    full = next((k for k, (d, _) in enumerate(pairs) if d.shape[-2:] == (p, q)), None)
+    first = pairs.pop(full)[1] if full is not None else None
+
+    def step() -> None:
+        if first is None:
+            dst.fill(-np.inf)
+        else:
+            np.copyto(dst, first)
+        for d, src in pairs:
+            np.maximum(d, src, out=d)  # propagates NaN, as MaxPool must
+
+    return step
+
+
+def _im2col(xv: np.ndarray, cols: np.ndarray, stride: tuple[int, int], pads: tuple[int, int, int, int],
+            dilation: tuple[int, int]) -> Step:
+    """A step copying every kernel tap of xv (n, c, h, w) into cols (n, c, r, s, p, q).
+
+    Each tap is one copy of the input rectangle it reads into the output rectangle it covers, plus zero
+    fills of the thin strips where it reads padding: no padded copy of the input is made.
+    A strided conv with many taps (a 7x7/2 stem) first splits the input into its sh*sw phases (the padding
+    included), so each tap copies unit-stride rows instead of gathering every other element.
+    """
+    n, c = xv.shape[:2]
+    _, _, r, s, p, q = cols.shape
+    (sh, sw), (dh, dw) = stride, dilation
+    zeros: list[np.ndarray] = []
+    if r * s > 4 * sh * sw:
+        # phase (a, b)[u, v] = padded input[u*sh + a, v*sw + b]; tap (i, j) reads phase (i*dh % sh, j*dw % sw)
+        # from (i*dh // sh, j*dw // sw) on, p x q elements.
+        ph_h, ph_w = ((r - 1) * dh) // sh + p, ((s - 1) * dw) // sw + q
+        phases = np.zeros((sh, sw, n, c, ph_h, ph_w), xv.dtype)
+        # Filling the phases is itself a window op: an sh x sw kernel at stride (sh, sw), one tap per phase.
+        pairs = [(phases[a, b][..., o[0], o[1]], xv[..., t[0], t[1]])
+                 for (a, b), o, t in _taps(xv, phases, stride, stride, pads, (1, 1))]
+        for i in range(r):
+            for j in range(s):
+                (ai, ui), (bj, vj) = divmod(i * dh, sh)[::-1], divmod(j * dw, sw)[::-1]
+                pairs.append((cols[:, :, i, j], phases[ai, bj, :, :, ui: ui + p, vj: vj + q]))
+    else:
+        taps = {ij: (o, t) for ij, o, t in _taps(xv, cols, (r, s), stride, pads, dilation)}
+        pairs = [(cols[:, :, i, j, o[0], o[1]], xv[..., t[0], t[1]]) for (i, j), (o, t) in taps.items()]
+        # The buffer is shared: where a tap reads padding, its rows are zeroed on every run.
+        for i in range(r):
+            for j in range(s):
+                tap = cols[:, :, i, j]
+                if (i, j) not in taps:
+                    zeros.append(tap)
+                    continue
+                (rows, cs), _ = taps[i, j]
+                strips = [tap[..., :rows.start, :], tap[..., rows.stop:, :], tap[..., rows, :cs.start],
+                          tap[..., rows, cs.stop:]]
+                zeros += [z for z in strips if z.size]
+
+    def fill() -> None:
+        for z in zeros:
+            z.fill(0)
+        for d, src in pairs:
+            np.copyto(d, src)
+
+    return fill
 
 
 def _check_rows(x: View, out: View, n: int) -> None:
