@@ -287,14 +287,16 @@ class WgpuBackend(ComputeBackend):
         return [Copy(self._bufs[src], 0, self._bufs[dst], 0, size)]
 
     def profile(self, steps: list) -> list[float]:
-        """Per-step GPU time from timestamp queries: each dispatch in its own pass, stamped at both ends."""
+        """Per-step GPU time from timestamp queries: each step in its own stamped pass and its own submit, waited
+        for before the next. In one command buffer the stamp at a pass's beginning is taken when the pass is
+        reached, not when the previous pass's work has drained, so on an H200 the stamps of back-to-back passes
+        overlapped and summed to 2-3x the plan's real GPU time."""
         if "timestamp-query" not in self.features:
             return super().profile(steps)
         from wgpu.backends.wgpu_native import _api
 
         if self.adapter.info["adapter_type"] != "CPU":
-            # GPUs drop their clocks within milliseconds of idling (an H200 read 2-3x slow per dispatch right
-            # after the host had been busy): keep it busy with the same work for a moment first.
+            # GPUs drop their clocks within milliseconds of idling: keep it busy with the same work first.
             end = time.perf_counter() + PROFILE_WARMUP_S
             while time.perf_counter() < end:
                 self.execute(steps)
@@ -303,8 +305,8 @@ class WgpuBackend(ComputeBackend):
         qs = self.device.create_query_set(type="timestamp", count=2 * n)
         resolve = self.device.create_buffer(size=16 * n,
                                             usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-        encoder = self.device.create_command_encoder()
         for i, st in enumerate(steps):
+            encoder = self.device.create_command_encoder()
             if type(st) is Dispatch:
                 cpass = encoder.begin_compute_pass(timestamp_writes={
                     "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
@@ -319,6 +321,9 @@ class WgpuBackend(ComputeBackend):
                 encoder.copy_buffer_to_buffer(st.src, st.src_offset, st.dst, st.dst_offset, st.size)
                 end = {"query_set": qs, "end_of_pass_write_index": 2 * i + 1}
                 encoder.begin_compute_pass(timestamp_writes=end).end()
+            self.queue.submit([encoder.finish()])
+            self._device_synchronize()
+        encoder = self.device.create_command_encoder()
         encoder.resolve_query_set(qs, 0, 2 * n, resolve, 0)
         self.queue.submit([encoder.finish()])
         ticks = np.frombuffer(self.queue.read_buffer(resolve), np.uint64).reshape(n, 2).astype(np.float64)
