@@ -31,14 +31,23 @@ import ember  # noqa: E402
 from ember.backends.wgpu import autotune  # noqa: E402
 
 
-def median_ms(model: ember.Model, feeds: dict, repeat: int) -> float:
-    model.run(feeds)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        model.run(feeds)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+def ab_ms(a: ember.Model, b: ember.Model, feeds: dict, repeat: int, blocks: int = 6) -> tuple[float, float]:
+    """Median run time of two models measured side by side: both warmed up (GPU clocks up), then alternating
+    blocks of runs, so clock and load drift hit both alike (measuring one after the other read the first
+    3.5x slow on an H200)."""
+    end = time.perf_counter() + 0.5
+    while time.perf_counter() < end:
+        a.run(feeds)
+        b.run(feeds)
+    times: tuple[list[float], list[float]] = ([], [])
+    per = max(1, repeat // blocks)
+    for _ in range(blocks):
+        for model, out in ((a, times[0]), (b, times[1])):
+            for _ in range(per):
+                t0 = time.perf_counter()
+                model.run(feeds)
+                out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def bench(name: str, repeat: int) -> dict[str, Any]:
@@ -55,8 +64,7 @@ def bench(name: str, repeat: int) -> dict[str, Any]:
         row[f"load_{label}_s"] = time.perf_counter() - t0
         info = model.plan_info(feeds)
         row[f"{label}_report"] = {k.split(".", 1)[1]: v for k, v in info.items() if k.startswith("autotune.")}
-    row["run_heuristic_ms"] = median_ms(heuristic, feeds, repeat)
-    row["run_tuned_ms"] = median_ms(model, feeds, repeat)
+    row["run_heuristic_ms"], row["run_tuned_ms"] = ab_ms(heuristic, model, feeds, repeat)
     row["cache_file"] = str(autotune.tuner(be).cache.path)
     return row
 
