@@ -116,3 +116,27 @@ def test_precision_errors() -> None:
         ember.load_onnx(model, backend="cpu", precision="f16")
     with pytest.raises(ValueError, match=r"precision: expected one of \['f32', 'f16'\], got 'bf16'"):
         ember.load_onnx(model, backend="wgpu", precision="bf16")
+
+
+def test_f16_mode_keeps_declared_output_dtypes() -> None:
+    """An op without f16 kernels (LRN) runs on float32 copies; outputs still come out as the model declares them,
+    float16 ones included."""
+    f16, f32 = TensorProto.FLOAT16, TensorProto.FLOAT
+    nodes = [helper.make_node("Cast", ["x"], ["h"], to=f16), helper.make_node("LRN", ["h"], ["l"], size=3),
+             helper.make_node("Relu", ["l"], ["y16"]), helper.make_node("LRN", ["x"], ["y32"], size=3)]
+    graph = helper.make_graph(nodes, "islands", [helper.make_tensor_value_info("x", f32, [1, 4, 5, 5])],
+                              [helper.make_tensor_value_info("y16", f16, None),
+                               helper.make_tensor_value_info("y32", f32, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(2).standard_normal((1, 4, 5, 5)).astype(np.float32)
+    if not has_f16():  # the model's own float16 tensors need shader-f16 already
+        with pytest.raises(NotImplementedError, match="shader-f16"):
+            ember.load_onnx(model, backend="wgpu").run({"x": x})
+        return
+    want = ember.load_onnx(model, backend="wgpu").run({"x": x})
+    m = ember.load_onnx(model, backend="wgpu", precision="f16")
+    got = m.run({"x": x})
+    assert got["y16"].dtype == np.float16 and got["y32"].dtype == np.float32
+    np.testing.assert_allclose(got["y16"].astype(np.float32), want["y16"].astype(np.float32), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(got["y32"], want["y32"], rtol=1e-6, atol=1e-6)
+    assert m.plan_info()["f16.nodes_in_f32"] == 1  # the LRN reading the float16 tensor

@@ -260,9 +260,12 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
         seen: set[int] = set()
         for vi in graph.outputs:
             t = env[vi.name]
-            if mixed and t.dtype == F16 and vi.dtype != F16:  # the model's float32 outputs stay float32
-                ctx.node = f"output {vi.name} (to float32)"
-                t = mixed.convert(None, t, F32)
+            if mixed and t.dtype.kind == "f" and t.dtype != (vi.dtype or F32) and vi.dtype in (None, F16, F32):
+                # Outputs keep the dtype the model declares (float32 ones were float16 inside the plan; a
+                # float16 one may have come out of an op that ran on float32 copies).
+                want = vi.dtype or F32
+                ctx.node = f"output {vi.name} (to {want})"
+                t = mixed.convert(None, t, want)
             if t.lazy is not None:
                 ctx.view(t)
             if vi.dtype is not None and t.dtype != vi.dtype:
