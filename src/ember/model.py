@@ -232,9 +232,9 @@ class Model:
 
     def profile(self, feeds: Mapping[str, Any], top: int | None = None) -> list[tuple[str, float]]:
         """Per-step time in ms (GPU timestamp queries on wgpu), labelled with the node that produced each step,
-        slowest first. Each step is timed alone (its own stamped pass and submit): use it to rank hot spots. On
-        an H200, kernels under ~50 µs read several times their in-stream time (a ResNet-18 batch-1 conv 0.1 ms
-        against 0.02 ms inside the run), so the per-step sum overstates a plan of short kernels."""
+        slowest first. On a hardware GPU a step's time is what it adds to the whole run in the stream (the run
+        timed with that step executed twice, minus the run), so the times add up to about the run's GPU time;
+        on a software adapter each step is timed alone. See WgpuBackend.profile."""
         arrays = self._check_feeds(feeds)
         with self._lock:
             plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)

@@ -264,3 +264,19 @@ def test_runs_replay_a_command_buffer_encoded_ahead(conv_model) -> None:
     assert all(len(r.ahead) == 1 for r in replays), "each plan holds its next command buffer"
     m.close()
     assert all(not r.ahead for r in replays)
+
+
+def test_wgpu_profile_methods(conv_model) -> None:
+    """Both wgpu profile methods on the same plan: one non-negative time per step; the marginal one (what a
+    step adds to the whole run, the default on hardware GPUs) is exercised here on lavapipe too."""
+    m = ember.load_onnx(conv_model, backend="wgpu")
+    x = np.random.rand(2, 3, 8, 8).astype(np.float32)
+    m.run({"x": x})
+    plan = next(iter(m._plans.values()))
+    be = m.compute_backend
+    for method in ("marginal", "isolated"):
+        times = be.profile(plan.steps, method=method)
+        assert len(times) == len(plan.steps) and all(t >= 0 and np.isfinite(t) for t in times), (method, times)
+    with pytest.raises(ValueError, match="method"):
+        be.profile(plan.steps, method="per-pass")
+    np.testing.assert_allclose(m.run({"x": x})["y"], reference(conv_model, {"x": x})[0], rtol=1e-4, atol=1e-5)
