@@ -4,15 +4,14 @@
 
 Each case is a small ONNX graph in the form exporters write (decomposed LayerNorm / RMSNorm / GELU / attention,
 MatMul + bias + GELU). ember loads it twice: with fusion (the pattern lands on one kernel) and with
-`fuse=False` (one kernel per node). Times are GPU time from timestamp queries, summed over the plan's
-dispatches (median of 20 profiles), so host overhead does not blur the comparison.
+`fuse=False` (one kernel per node). Times are the GPU time of a whole run from timestamps around its command
+buffer (`model.gpu_time`, min of 20), so host overhead does not blur the comparison.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -78,7 +77,7 @@ def build(case: tuple) -> tuple:
 
 
 def gpu_ms(model: ember.Model, feeds: dict, reps: int = 20) -> float:
-    return statistics.median(sum(ms for _, ms in model.profile(feeds)) for _ in range(reps))
+    return model.gpu_time(feeds, reps)
 
 
 def main() -> int:

@@ -242,6 +242,15 @@ class Model:
             rows = sorted(plan.profile(), key=lambda r: -r[1])
         return rows[:top] if top else rows
 
+    def gpu_time(self, feeds: Mapping[str, Any], reps: int = 5) -> float:
+        """Milliseconds the device spends on one run with these feeds' shapes, host work excluded (on wgpu: GPU
+        timestamps around the run's command buffer, after a warm-up; min of `reps`). profile() splits it up."""
+        arrays = self._check_feeds(feeds)
+        with self._lock:
+            plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
+            plan.run(arrays)
+            return plan.gpu_time(reps)
+
     def plan_info(self, feeds: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Facts about the plan for these feeds (or the only plan): steps, fusion counts, memory."""
         with self._lock:

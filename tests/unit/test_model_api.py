@@ -280,3 +280,9 @@ def test_wgpu_profile_methods(conv_model) -> None:
     with pytest.raises(ValueError, match="method"):
         be.profile(plan.steps, method="per-pass")
     np.testing.assert_allclose(m.run({"x": x})["y"], reference(conv_model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_gpu_time(conv_model, backend_name) -> None:
+    m = ember.load_onnx(conv_model, backend=backend_name)
+    t = m.gpu_time({"x": np.random.rand(2, 3, 8, 8).astype(np.float32)}, reps=2)
+    assert np.isfinite(t) and t > 0

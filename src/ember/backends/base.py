@@ -537,6 +537,20 @@ class ComputeBackend(ABC):
         returns the host array. Lets a plan fold its output copies into the run's single submit."""
         return [], lambda: self.download(view)
 
+    def gpu_time(self, steps: list, reps: int = 5) -> float:
+        """Milliseconds of one run of `steps` (device time where the backend measures it; here the wall clock
+        around execute + synchronize), the minimum of `reps`."""
+        import time
+
+        best = math.inf
+        for _ in range(max(1, reps)):
+            self.synchronize()
+            t = time.perf_counter()
+            self.execute(steps)
+            self.synchronize()
+            best = min(best, (time.perf_counter() - t) * 1e3)
+        return best
+
     def profile(self, steps: list) -> list[float]:
         """Run steps one by one and return each one's time in milliseconds (device time where the backend can
         measure it)."""

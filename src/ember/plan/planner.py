@@ -93,6 +93,10 @@ class Plan:
             result[name] = t.value.copy() if t.view is None else readers[name]()
         return result
 
+    def gpu_time(self, reps: int = 5) -> float:
+        """Milliseconds the device spends on one run of this plan (GPU timestamps on wgpu), min of `reps`."""
+        return self.backend.gpu_time(self.steps, reps)
+
     def profile(self) -> list[tuple[str, float]]:
         """(label, milliseconds) per recorded step, measured one by one (GPU timestamps on wgpu)."""
         return list(zip(self.labels, self.backend.profile(self.steps), strict=True))

@@ -311,12 +311,24 @@ class WgpuBackend(ComputeBackend):
                 self.execute(steps)
                 self._device_synchronize()
         if method == "isolated":
-            return [self._stamped([st]) for st in steps]
-        whole = min(self._stamped(steps) for _ in range(PROFILE_REPS))
-        return [max(0.0, min(self._stamped(steps[:i + 1] + steps[i:]) for _ in range(PROFILE_REPS)) - whole)
+            return [self._stamped_ms([st]) for st in steps]
+        whole = min(self._stamped_ms(steps) for _ in range(PROFILE_REPS))
+        return [max(0.0, min(self._stamped_ms(steps[:i + 1] + steps[i:]) for _ in range(PROFILE_REPS)) - whole)
                 for i in range(len(steps))]
 
-    def _stamped(self, steps: list) -> float:
+    def gpu_time(self, steps: list, reps: int = 5) -> float:
+        """GPU milliseconds of one run of `steps` in the stream (one command buffer between two stamps), the
+        minimum of `reps` after warming the GPU up: what a plan's run costs the GPU, without host time."""
+        if "timestamp-query" not in self.features:
+            return super().gpu_time(steps, reps)
+        if self.adapter.info["adapter_type"] != "CPU":
+            end = time.perf_counter() + PROFILE_WARMUP_S
+            while time.perf_counter() < end:
+                self.execute(steps)
+                self._device_synchronize()
+        return min(self._stamped_ms(steps) for _ in range(max(1, reps)))
+
+    def _stamped_ms(self, steps: list) -> float:
         """GPU milliseconds of `steps` in one command buffer and submit, between a stamp in an empty pass before
         them and one after them (the GPU is idle before: the submit is waited for)."""
         from wgpu.backends.wgpu_native import _api
