@@ -73,6 +73,9 @@ def pool() -> Pool | None:
                 cores = len(os.sched_getaffinity(0))
             except AttributeError:  # not on Linux
                 cores = os.cpu_count() or 1
-            threads = int(os.environ.get("EMBER_CPU_THREADS", cores))
+            raw = os.environ.get("EMBER_CPU_THREADS", "").strip() or str(cores)
+            if not raw.isdigit() or int(raw) < 1:
+                raise ValueError(f"EMBER_CPU_THREADS: expected a whole number >= 1, got {raw!r}")
+            threads = int(raw)
             _pool.append(Pool(threads - 1) if threads > 1 else None)
         return _pool[0]
