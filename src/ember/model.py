@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -221,6 +222,13 @@ class Model:
                 if k.endswith((".fused", ".fallback", ".gemm")) and k.split(".")[0] in PATTERNS:
                     self._stats[k] += v
         names = output_names if output_names is not None else [o.name for o in self.outputs]
+        if self.precision == "f16" and not keep_on_device:
+            bad = [n for n in names if result[n].dtype.kind == "f" and not np.isfinite(result[n]).all()]
+            if bad:
+                # float16 tops out at 65504: a larger activation becomes inf (then NaN) where float32 is fine.
+                warnings.warn(f"precision='f16': output(s) {bad} hold inf/NaN; activations may exceed float16's "
+                              "range (65504) in this model; load it with precision='f32'", RuntimeWarning,
+                              stacklevel=2)
         return {n: result[n] for n in names}
 
     def __call__(self, *arrays: Any) -> list[np.ndarray]:

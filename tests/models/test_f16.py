@@ -140,3 +140,32 @@ def test_f16_mode_keeps_declared_output_dtypes() -> None:
     np.testing.assert_allclose(got["y16"].astype(np.float32), want["y16"].astype(np.float32), rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(got["y32"], want["y32"], rtol=1e-6, atol=1e-6)
     assert m.plan_info()["f16.nodes_in_f32"] == 1  # the LRN reading the float16 tensor
+
+
+def test_f16_overflow_warns_and_constants_saturate() -> None:
+    """An activation beyond float16's 65504 becomes inf in f16 storage: the run says so instead of handing back
+    infs silently. Constants saturate instead (as ONNX's float16 converters do), so an exported mask built as
+    (1 - m) * float32_lowest stays 0 where m = 1 rather than 0 * -inf = NaN."""
+    f32 = TensorProto.FLOAT
+    lowest = numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "lowest")
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),  # x of 1e5: inf once stored as float16
+             helper.make_node("Sub", ["one", "m"], ["inv"]), helper.make_node("Mul", ["inv", "lowest"], ["bias"]),
+             helper.make_node("MatMul", ["bias", "w"], ["masked"])]
+    graph = helper.make_graph(nodes, "overflow", [helper.make_tensor_value_info("x", f32, [2, 4]),
+                                                  helper.make_tensor_value_info("m", f32, [2, 4])],
+                              [helper.make_tensor_value_info("y", f32, None),
+                               helper.make_tensor_value_info("masked", f32, None)], [w, one, lowest])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": np.full((2, 4), 1e5, np.float32), "m": np.array([[1, 1, 0, 0]] * 2, np.float32)}
+    assert np.isfinite(ember.load_onnx(model, backend="wgpu").run(feeds)["y"]).all()
+    if not has_f16():
+        return  # precision="f16" is refused there (test_cnn_f16_matches_onnxruntime checks the error)
+    m = ember.load_onnx(model, backend="wgpu", precision="f16")
+    with pytest.warns(RuntimeWarning, match="exceed float16's range"):
+        got = m.run(feeds)
+    assert not np.isfinite(got["y"]).any()  # inf rows times the identity: inf and 0 * inf
+    masked = got["masked"]
+    assert not np.isnan(masked).any()
+    assert (masked[:, :2] == 0).all() and (masked[:, 2:] == -65504).all()

@@ -158,6 +158,7 @@ def host_value_inputs(graph: Graph) -> set[str]:
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
+F16_MAX = float(np.finfo(np.float16).max)
 
 
 class _Precision:
@@ -184,7 +185,12 @@ class _Precision:
             out.uses = 1
             return out
         if t.is_const:
-            out = T(dtype, t.shape, value=np.asarray(t.value).astype(dtype))
+            value = np.asarray(t.value)
+            if dtype == F16:
+                # Saturate, as ONNX's float16 converters do: an exported mask constant such as float32's lowest
+                # value would become -inf, and 0 * -inf = NaN where the model meant 0.
+                value = np.where(np.isfinite(value), np.clip(value, -F16_MAX, F16_MAX), value)
+            out = T(dtype, t.shape, value=value.astype(dtype))
         else:
             # Pinned: the copy outlives the node that made it, and the liveness walk only sees graph values.
             out = self.ctx.new(dtype, t.shape, pinned=True)
