@@ -1,10 +1,10 @@
-"""Attention on the GPU, measured four ways, to tell kernel speed from measurement artefacts.
+"""Attention on the GPU: ember's two fused arms against the decomposition, PyTorch alongside.
 
-For each shape: ember's fused attention (one flash-style kernel) and the unfused decomposition
-(MatMul, Div, Softmax, MatMul), each timed (a) by `model.profile` (per-dispatch GPU timestamps of one run)
-and (b) by wall clock over back-to-back runs with device-resident inputs and outputs (one submit per run,
-so host overhead is included but no upload/readback); PyTorch SDPA and its eager decomposition alongside
-when CUDA is present. The GPU is kept busy first so its clocks are up.
+Decoding shapes (one query row, long key/value cache): the flash kernel and the GEMM arm, each forced, timed
+by `model.gpu_time` (GPU timestamps around a run) and by wall clock over back-to-back runs with
+device-resident inputs and outputs. Prefill shapes: the arm ember picks against the unfused decomposition
+(MatMul, Div, Softmax, MatMul), both ways. PyTorch SDPA (and its eager decomposition) when CUDA is present.
+The GPU is kept busy first so its clocks are up.
 
     python3 bench/bench_attention.py [--reps 50]
 """
@@ -12,7 +12,6 @@ when CUDA is present. The GPU is kept busy first so its clocks are up.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,9 @@ from bench_fused import attention_graph, build  # noqa: E402
 
 import ember  # noqa: E402
 from ember.device_array import DeviceArray  # noqa: E402
+from ember.ops import transformer  # noqa: E402
+
+FLASH_DEFAULT = transformer.FLASH_MAX_SCORES
 
 
 def wall_ms(model: ember.Model, feeds: dict, reps: int) -> float:
@@ -42,7 +44,7 @@ def wall_ms(model: ember.Model, feeds: dict, reps: int) -> float:
     return min(times)
 
 
-def torch_ms(shape: tuple, reps: int) -> tuple[float, float] | None:
+def torch_ms(shape: tuple, reps: int, kv: int | None = None) -> tuple[float, float] | None:
     try:
         import torch
     except ImportError:
@@ -50,7 +52,9 @@ def torch_ms(shape: tuple, reps: int) -> tuple[float, float] | None:
     if not torch.cuda.is_available():
         return None
     torch.backends.cuda.matmul.allow_tf32 = False
-    q, k, v = (torch.randn(shape, device="cuda") for _ in range(3))
+    kv_shape = shape if kv is None else (*shape[:2], kv, shape[3])
+    q = torch.randn(shape, device="cuda")
+    k, v = (torch.randn(kv_shape, device="cuda") for _ in range(2))
     scale = shape[-1] ** -0.5
 
     def timed(fn: object) -> float:
@@ -76,7 +80,24 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
     shapes = [(1, 12, 1024, 64), (4, 16, 512, 128), (8, 12, 128, 64), (1, 32, 2048, 128)]
+    decode = [(1, 32, 4096, 128), (4, 32, 2048, 128), (1, 8, 8192, 64)]  # (B, H, S_kv, D), one query row
     warm = None
+    for shape in decode:  # both fused arms forced, to see which one decoding should take
+        proto, feeds = build(attention_graph(*shape, sq=1))
+        arms = {}
+        for arm, limit in (("flash", 1 << 62), ("gemm", 0)):
+            transformer.FLASH_MAX_SCORES = limit
+            model = ember.load_onnx(proto, backend="wgpu")
+            if warm is None:
+                warm = time.perf_counter()
+                while time.perf_counter() - warm < 1.0:
+                    model.run(feeds)
+            arms[arm] = (model.gpu_time(feeds, 10), wall_ms(model, feeds, args.reps))
+        transformer.FLASH_MAX_SCORES = FLASH_DEFAULT
+        ref = torch_ms((shape[0], shape[1], 1, shape[3]), args.reps, kv=shape[2])
+        print(f"decode {str(shape):22} flash gpu {arms['flash'][0]:.4f} wall {arms['flash'][1]:.4f} ms | gemm gpu "
+              f"{arms['gemm'][0]:.4f} wall {arms['gemm'][1]:.4f} ms" + (f" | torch sdpa {ref[0]:.4f}" if ref else ""),
+              flush=True)
     for shape in shapes:
         proto, feeds = build(attention_graph(*shape))
         fused = ember.load_onnx(proto, backend="wgpu")
@@ -86,7 +107,7 @@ def main() -> int:
             while time.perf_counter() - warm < 1.0:
                 plain.run(feeds)
         err = float(np.abs(fused.run(feeds)["y"] - plain.run(feeds)["y"]).max())
-        prof = [statistics.median(sum(ms for _, ms in m.profile(feeds)) for _ in range(10)) for m in (fused, plain)]
+        prof = [m.gpu_time(feeds, 10) for m in (fused, plain)]
         wall = [wall_ms(m, feeds, args.reps) for m in (fused, plain)]
         flop = 4 * np.prod(shape) * shape[2]
         ref = torch_ms(shape, args.reps)

@@ -58,12 +58,13 @@ def matmul_gelu_graph(m: int, k: int, n: int) -> tuple:
     return nodes, inits, {"x": (m, k)}, 13
 
 
-def attention_graph(b: int, h: int, s: int, d: int) -> tuple:
+def attention_graph(b: int, h: int, s: int, d: int, sq: int | None = None) -> tuple:
+    """softmax(q kᵀ / sqrt(d)) v as exporters write it; `sq` query rows (default s; 1 = decoding)."""
     nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
              helper.make_node("MatMul", ["q", "kt"], ["qk"]), helper.make_node("Div", ["qk", "scale"], ["sc"]),
              helper.make_node("Softmax", ["sc"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
     shape = (b, h, s, d)
-    return nodes, [const("scale", np.sqrt(d))], {"q": shape, "k": shape, "v": shape}, 13
+    return nodes, [const("scale", np.sqrt(d))], {"q": (b, h, sq or s, d), "k": shape, "v": shape}, 13
 
 
 def build(case: tuple) -> tuple:

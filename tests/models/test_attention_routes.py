@@ -79,5 +79,6 @@ def test_attention_arms_match_onnxruntime(name: str, arm: str, backend_name: str
 def test_flash_pays_rule() -> None:
     assert transformer.flash_pays(1, 12, 128, 128, 4)  # BERT-sized: the flash kernel
     assert not transformer.flash_pays(4, 16, 512, 1024, 4)  # long: the GEMMs
-    assert transformer.flash_pays(1, 8, 1, 4096, 4)  # decoding: one query row
+    assert not transformer.flash_pays(1, 8, 1, 4096, 4)  # decoding over a long cache: the GEMMs spread it
+    assert transformer.flash_pays(1, 8, 1, 512, 4)  # decoding over a short one: one kernel
     assert transformer.flash_pays(64, 64, 8192, 8192, 4)  # a 1 TB scores buffer: never materialised

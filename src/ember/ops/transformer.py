@@ -165,17 +165,21 @@ register("Softmax", 1)(type("Softmax", (SoftmaxBase,), {}))
 register("LogSoftmax", 1)(type("LogSoftmax", (SoftmaxBase,), {"log": True}))
 
 
-# Where the flash kernel stops paying (H200, bench/bench_attention.py, 2026-11-30): GEMM + fused softmax + GEMM
-# took 0.21 vs 0.23 ms at 1 x 12 x 1024 x 64, 0.45 vs 0.63 ms at 4 x 16 x 512 x 128 and 2.5 vs 4.5 ms at
-# 1 x 32 x 2048 x 128 (the flash kernel's fp32 inner loops reach ~11 TFLOP/s, the tiled GEMMs ~30); at
-# 8 x 12 x 128 x 64 the flash kernel wins (0.037 vs 0.050 ms: fewer launches, no S x S buffer). Flash below
-# this many scores per (batch, head).
-FLASH_MAX_SCORES = 512 * 512 - 1
+# Where the flash kernel stops paying (H200, bench/bench_attention.py, 2026-11-30; GPU time per run):
+# - prefill: GEMM + fused softmax + GEMM took 0.19 vs 0.23 ms at 1 x 12 x 1024 x 64, 0.36 vs 0.63 ms at
+#   4 x 16 x 512 x 128 and 2.5 vs 4.5 ms at 1 x 32 x 2048 x 128 (the flash kernel's fp32 inner loops reach
+#   ~11-13 TFLOP/s, the tiled GEMMs ~30); at 8 x 12 x 128 x 64 the flash kernel wins (0.037 vs 0.050 ms:
+#   fewer launches, no S x S buffer);
+# - decoding (one query row): the flash kernel has one workgroup per (batch, head) walking the whole cache,
+#   the GEMMs spread it over the GPU: 0.16 vs 0.59 ms at 1 x 32 heads x 4096 keys x 128, 0.22 vs 0.30 at
+#   4 x 32 x 2048 x 128, 0.058 vs 0.49 at 1 x 8 x 8192 x 64 (PyTorch SDPA: 0.40 / 0.21 / 0.82).
+FLASH_MAX_SCORES = 512 * 512 - 1  # scores per (batch, head)
+FLASH_MAX_KEYS = 1023
 GEMM_SCORES_MAX_BYTES = 1 << 30  # the S x S scores buffer the GEMM route may allocate
 
 
 def flash_pays(b: int, hq: int, sq: int, skv: int, itemsize: int) -> bool:
-    if sq * skv <= FLASH_MAX_SCORES:
+    if sq * skv <= FLASH_MAX_SCORES and skv <= FLASH_MAX_KEYS:
         return True
     return b * hq * sq * skv * itemsize > GEMM_SCORES_MAX_BYTES
 
