@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import View
-from .backend import WgpuBackend, grid_1d
+from .backend import WgpuBackend, as_f32, from_f32, grid_1d
 from .elementwise import float_literal
 from .matmul import Window, binding_windows, check_no_overlap, check_view, rebase_view, require_float
 
@@ -68,15 +68,16 @@ def lin(base: int | str, terms: list[tuple[str, int]]) -> str:
     return expr
 
 
-def _row_io(name: str, vec: bool, sd: int) -> str:
+def _row_io(name: str, vec: bool, sd: int, st: str) -> str:
     """Body of a row-chunk loader: vec4<f32> from f32 or f16 storage (f16 is computed in f32)."""
     if vec:
-        return f"    return vec4<f32>({name}[base / 4u + c]);"
+        return f"    return {as_f32(f'{name}[base / 4u + c]', st, vec4=True)};"
+    elem = as_f32(f"{name}[{lin('base', [('d', sd)])}]", st)
     return "\n".join([
         "    var x = vec4<f32>(0.0);",
         "    for (var i = 0u; i < 4u; i++) {",
         "        let d = c * 4u + i;",
-        f"        if (d < D) {{ x[i] = f32({name}[{lin('base', [('d', sd)])}]); }}",
+        f"        if (d < D) {{ x[i] = {elem}; }}",
         "    }",
         "    return x;",
     ])
@@ -84,11 +85,11 @@ def _row_io(name: str, vec: bool, sd: int) -> str:
 
 def _store(name: str, vec: bool, sd: int, st: str) -> str:
     if vec:
-        return f"    {name}[base / 4u + c] = vec4<{st}>(x);"
+        return f"    {name}[base / 4u + c] = {from_f32('x', st, vec4=True)};"
     return "\n".join([
         "    for (var i = 0u; i < 4u; i++) {",
         "        let d = c * 4u + i;",
-        f"        if (d < D) {{ {name}[{lin('base', [('d', sd)])}] = {st}(x[i]); }}",
+        f"        if (d < D) {{ {name}[{lin('base', [('d', sd)])}] = {from_f32('x[i]', st)}; }}",
         "    }",
     ])
 
@@ -297,9 +298,9 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
         QS_SIZE=bq * rs, KV_SIZE=bk * rs, RED_SIZE=bq * gx,
         PS_DECL=f"var<workgroup> ps: array<vec4<f32>, {bk * (gy + 1)}>;" if vec_ps else
         f"var<workgroup> ps: array<f32, {bk * (bq | 1)}>;",
-        LOAD_Q=_row_io(qn, qvec, q.strides[3]),
-        LOAD_K=_row_io(kn, kvec, k.strides[3]),
-        LOAD_V=_row_io(vn, vvec, v.strides[3]), STORE_O=_store("o", out_vec, out.strides[3], ot),
+        LOAD_Q=_row_io(qn, qvec, q.strides[3], types[q.handle]),
+        LOAD_K=_row_io(kn, kvec, k.strides[3], types[k.handle]),
+        LOAD_V=_row_io(vn, vvec, v.strides[3], types[v.handle]), STORE_O=_store("o", out_vec, out.strides[3], ot),
         BASES="\n".join(bases),
         Q_ROW=lin("qb", [("min(i, SQL)", q.strides[2])]), K_ROW=lin("kb", [("min(j0 + j, SKL)", k.strides[2])]),
         V_ROW=lin("vb", [("min(j0 + j, SKL)", v.strides[2])]), KEND=kend,

@@ -103,6 +103,20 @@ NUMPY_STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "i32"
 _USES_F16 = re.compile(r"\bf16\b|vec[234]h\b")
 
 
+def as_f32(raw: str, storage: str, vec4: bool = False) -> str:
+    """WGSL for a loaded float element (or vec4) as f32: kernels compute f16 storage in f32."""
+    if storage != "f16":
+        return raw
+    return f"vec4<f32>({raw})" if vec4 else f"f32({raw})"
+
+
+def from_f32(value: str, storage: str, vec4: bool = False) -> str:
+    """WGSL for an f32 `value` (or vec4) converted for a store to `storage`: f16 is rounded once, here."""
+    if storage != "f16":
+        return value
+    return f"vec4<f16>({value})" if vec4 else f"f16({value})"
+
+
 def grid_1d(groups: int) -> tuple[int, int, int]:
     """Spread `groups` workgroups over x and y: each dimension is capped at 65,535."""
     if groups <= WORKGROUPS_PER_DIM:
@@ -304,12 +318,7 @@ class WgpuBackend(ComputeBackend):
             method = "isolated" if self.adapter.info["adapter_type"] == "CPU" else "marginal"
         if method not in ("marginal", "isolated"):
             raise ValueError(f"method: expected 'marginal' or 'isolated', got {method!r}")
-        if self.adapter.info["adapter_type"] != "CPU":
-            # GPUs drop their clocks within milliseconds of idling: keep it busy with the same work first.
-            end = time.perf_counter() + PROFILE_WARMUP_S
-            while time.perf_counter() < end:
-                self.execute(steps)
-                self._device_synchronize()
+        self._warm_up(steps)
         if method == "isolated":
             return [self._stamped_ms([st]) for st in steps]
         whole = min(self._stamped_ms(steps) for _ in range(PROFILE_REPS))
@@ -321,12 +330,18 @@ class WgpuBackend(ComputeBackend):
         minimum of `reps` after warming the GPU up: what a plan's run costs the GPU, without host time."""
         if "timestamp-query" not in self.features:
             return super().gpu_time(steps, reps)
-        if self.adapter.info["adapter_type"] != "CPU":
-            end = time.perf_counter() + PROFILE_WARMUP_S
-            while time.perf_counter() < end:
-                self.execute(steps)
-                self._device_synchronize()
+        self._warm_up(steps)
         return min(self._stamped_ms(steps) for _ in range(max(1, reps)))
+
+    def _warm_up(self, steps: list) -> None:
+        """Run `steps` for PROFILE_WARMUP_S on a hardware GPU before timing it: GPUs drop their clocks within
+        milliseconds of idling (an H200 read kernels 2-3x slow right after the host had been busy)."""
+        if self.adapter.info["adapter_type"] == "CPU":
+            return
+        end = time.perf_counter() + PROFILE_WARMUP_S
+        while time.perf_counter() < end:
+            self.execute(steps)
+            self._device_synchronize()
 
     def _stamped_ms(self, steps: list) -> float:
         """GPU milliseconds of `steps` in one command buffer and submit, between a stamp in an empty pass before

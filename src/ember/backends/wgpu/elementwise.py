@@ -14,7 +14,7 @@ import numpy as np
 
 from ..base import View
 from ..expr import BOOL, FLOAT, INT, Expr
-from .backend import WgpuBackend, grid_1d, storage_type
+from .backend import WgpuBackend, as_f32, grid_1d, storage_type
 
 WORKGROUP = 256
 MAX_EXPR_NODES = 1024  # distinct nodes; each is its own `let`, so this bounds shader size, not nesting depth
@@ -272,7 +272,7 @@ def _widen(raw: str, storage: str) -> str:
     """A stored element as its kind's compute type: bools live in u32 words, f16 is computed in f32."""
     if storage == "u32":
         return f"({raw} != 0u)"
-    return f"f32({raw})" if storage == "f16" else raw
+    return as_f32(raw, storage)
 
 
 def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, ...],

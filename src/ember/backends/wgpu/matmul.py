@@ -31,7 +31,7 @@ import wgpu
 
 from ..base import View
 from ..expr import FLOAT, Expr
-from .backend import WORKGROUPS_PER_DIM, WgpuBackend, grid_1d
+from .backend import WORKGROUPS_PER_DIM, WgpuBackend, as_f32, from_f32, grid_1d
 from .elementwise import PRELUDE, _Emitter, float_literal
 
 F32 = np.dtype(np.float32)
@@ -39,13 +39,6 @@ F16 = np.dtype(np.float16)
 
 
 # ---- small helpers ------------------------------------------------------------------------------------
-def require_f32(op: str, **views: View | None) -> None:
-    for name, v in views.items():
-        if v is not None and np.dtype(v.dtype) != F32:
-            raise NotImplementedError(
-                f"wgpu {op}: {name} has dtype {np.dtype(v.dtype).name}; only float32 is supported")
-
-
 def require_float(op: str, **views: View | None) -> dict[int, str]:
     """Each operand float32 or float16 (stored as f16, computed in f32); returns handle -> WGSL storage type."""
     types = {}
@@ -57,13 +50,6 @@ def require_float(op: str, **views: View | None) -> dict[int, str]:
                 f"wgpu {op}: {name} has dtype {np.dtype(v.dtype).name}; only float32 and float16 are supported")
         types[v.handle] = "f16" if np.dtype(v.dtype) == F16 else "f32"
     return types
-
-
-def widen(expr: str, storage: str, vec4: bool = False) -> str:
-    """A loaded element (or vec4) as f32: f16 storage is computed in f32."""
-    if storage != "f16":
-        return expr
-    return f"vec4<f32>({expr})" if vec4 else f"f32({expr})"
 
 
 def view_span(v: View) -> tuple[int, int]:
@@ -171,16 +157,16 @@ class Bindings:
     def scalar(self, handle: int, index: str) -> str:
         """A WGSL f32 expression loading one element at `index` (u32 expression)."""
         if handle != self.out_handle and self.reads[handle].vec4:
-            return widen(f"{self.reads[handle].var}[({index}) >> 2u][({index}) & 3u]", self.storage(handle))
-        return widen(f"{self.var(handle)}[{index}]", self.storage(handle))
+            return as_f32(f"{self.reads[handle].var}[({index}) >> 2u][({index}) & 3u]", self.storage(handle))
+        return as_f32(f"{self.var(handle)}[{index}]", self.storage(handle))
 
     def quad(self, handle: int, index: str) -> str:
         """A WGSL vec4<f32> expression loading vec4 number `index` of a vec4 binding."""
-        return widen(f"{self.reads[handle].var}[{index}]", self.storage(handle), vec4=True)
+        return as_f32(f"{self.reads[handle].var}[{index}]", self.storage(handle), vec4=True)
 
     def store(self, index: str, value: str) -> str:
         """The WGSL statement writing f32 `value` to out[index] (rounded once when out is f16)."""
-        return f"out[{index}] = {value if self.out_type == 'f32' else f'{self.out_type}({value})'};"
+        return f"out[{index}] = {from_f32(value, self.out_type)};"
 
     def _type(self, b: Binding) -> str:
         return f"vec4<{b.storage}>" if b.vec4 else b.storage

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import View
-from .backend import WgpuBackend, grid_1d, storage_type
+from .backend import WgpuBackend, as_f32, from_f32, grid_1d, storage_type
 from .elementwise import PRELUDE, float_literal
 
 WG_MAX = 256
@@ -146,13 +146,11 @@ class Reads:
 
     def get(self, name: str, index: str) -> str:
         """WGSL f32 expression reading element `index` of binding `name`."""
-        raw = f"{name}[{index}]"
-        return f"f32({raw})" if self.types[name] == "f16" else raw
+        return as_f32(f"{name}[{index}]", self.types[name])
 
     def put(self, index: str, value: str) -> str:
         """WGSL statement writing f32 `value` to out[index]."""
-        t = self.types["out"]
-        return f"out[{index}] = {value if t == 'f32' else f'{t}({value})'};"
+        return f"out[{index}] = {from_f32(value, self.types['out'])};"
 
     def add(self, binding: int, name: str, v: View, *, in_place_ok: bool) -> str:
         if any(s < 0 for s in v.strides):
