@@ -1,4 +1,4 @@
-"""Fused LayerNorm / RMSNorm over contiguous rows: kernels/norm.wgsl, specialised per kind, row length and layout.
+"""Fused LayerNorm / RMSNorm over contiguous rows: kernels/rows.wgsl, specialised per kind, row length and layout.
 
 One dispatch: a row is read by TY lanes of one workgroup (TX rows per workgroup when rows are short), which
 compute the row's statistics (lane sums combined in a fixed order, so results are bitwise reproducible) and
@@ -22,7 +22,7 @@ USE_SUBGROUPS = True  # tests switch this off to cover the workgroup-memory path
 
 KINDS = ("layernorm", "rmsnorm")
 
-# Shared by norm.wgsl and softmax.wgsl (WGSL has no include).
+# Shared by the norm and softmax row kernels.
 COMPENSATED_SUM = """\
 // Neumaier's compensated sum: (sum, compensation).
 fn acc(a: vec2<f32>, y: f32) -> vec2<f32> {
@@ -32,6 +32,26 @@ fn acc(a: vec2<f32>, y: f32) -> vec2<f32> {
 }
 // The compensated sum's value; an infinite sum stays itself (its compensation is inf - inf = NaN).
 fn total(a: vec2<f32>) -> f32 { return select(a.x + a.y, a.x, is_inf(a.x)); }"""
+
+
+HEADER = """\
+// LayerNorm / RMSNorm. Bindings (group 0): 0 x (read), 1 scale (read), 2 bias (read), 3 out (read_write). scale
+// and bias are declared only when the op has them; an input in out's buffer is read through `out` (binding 0
+// absent).
+// layernorm: two passes in f32 over the row shifted by its first element k, d = x - k (exact for x near k,
+// so a large common offset such as 1e4 + noise loses nothing, where even an f32 mean would):
+//   m = mean(d), var = mean((d - m)²), out = (d - m) * inverseSqrt(var + EPS) * scale + bias.
+// rmsnorm: out = x * inverseSqrt(mean(x²) + EPS) * scale + bias."""
+
+
+def rows_source(be: WgpuBackend, header: str, funcs: str, consts: str, reductions: list[str], decls: str, n: int,
+                tx: int, ty: int, rows: int, cpl: int, subgroups: bool, x: View, out: View, body: list[str]) -> str:
+    """kernels/rows.wgsl filled in: the frame shared by the norm and softmax row kernels."""
+    return be.kernel_source(
+        "rows", HEADER=header, PRELUDE=PRELUDE, FUNCS=funcs, BINDINGS=decls, N=n, TX=tx, TY=ty, ROWS=rows,
+        CPL=cpl, CONSTS=consts, WG=tx * ty, REDUCTIONS="\n\n".join(reductions), COMPENSATED_SUM=COMPENSATED_SUM,
+        SG_ARGS=", @builtin(subgroup_size) sg: u32" if subgroups else "", X_OFF=x.offset, OUT_OFF=out.offset,
+        BODY="\n".join(body))
 
 
 def _pow2ceil(n: int) -> int:
@@ -231,11 +251,9 @@ def record_norm(be: WgpuBackend, kind: str, x: View, scale: View | None, bias: V
     body += ["    if (!valid) { return; }"]
     body += row_loop([f"            {reads.put('ob + i', y)}"], load, n, ty)
 
-    src = be.kernel_source(
-        "norm", PRELUDE=PRELUDE, BINDINGS=decls, N=n, NF=float_literal(float(n)), EPS=float_literal(eps),
-        TX=tx, TY=ty, ROWS=rows, CPL=cpl, WG=tx * ty, ROW_SUM=lane_reduce("row_sum", "a + b", ty, subgroups),
-        COMPENSATED_SUM=COMPENSATED_SUM,
-        SG_ARGS=", @builtin(subgroup_size) sg: u32" if subgroups else "", X_OFF=x.offset, OUT_OFF=out.offset,
-        BODY="\n".join(body))
+    consts = (f"const NF: f32 = {float_literal(float(n))};  // N as f32\n"
+              f"const EPS: f32 = {float_literal(eps)};")
+    src = rows_source(be, HEADER, "", consts, [lane_reduce("row_sum", "a + b", ty, subgroups)], decls, n, tx, ty,
+                      rows, cpl, subgroups, x, out, body)
     label = f"norm:{kind}"
     return [be.dispatch(be.pipeline(label, src), handles, grid_1d(-(-rows // tx)), label)]

@@ -1,4 +1,4 @@
-"""Fused (log)softmax over contiguous rows: kernels/softmax.wgsl, specialised per row length and layout.
+"""Fused (log)softmax over contiguous rows: kernels/rows.wgsl, specialised per row length and layout.
 
 One dispatch: TY lanes of a workgroup take a row (TX rows per workgroup when rows are short), find its max,
 sum exp(x - max) and write the row; the launch and lane-reduction helpers are norm.py's.
@@ -11,7 +11,18 @@ from typing import Any
 from ..base import View
 from . import norm
 from .backend import WgpuBackend, grid_1d
-from .elementwise import PRELUDE
+
+HEADER = """\
+// (Log)softmax. Bindings (group 0): 0 x (read; absent when x is out's own window, read through `out`), 1 out
+// (read_write).
+// Two passes over the row: m = max(x) (NaN-propagating, exact in any order), s = sum(exp(x - m)), then
+// out = exp(x - m) / s, or (x - m) - log(s). A row whose max is not finite (all -inf, or holding NaN or +inf)
+// is all NaN: ONNX's formula exp(x - max) gives NaN there (-inf - -inf, inf - inf), and so do onnx.reference
+// and ONNX Runtime (checked: Softmax and LogSoftmax, opsets 11 and 13, all -inf row -> NaN)."""
+FUNCS = """\
+fn is_finite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u; }
+// exp of x - m <= 0; exactly 0 below f32's smallest subnormal (and for -inf, without inf arithmetic in exp).
+fn exp_le0(d: f32) -> f32 { return select(exp(d), 0.0, d < -104.0); }"""
 
 
 def record_softmax(be: WgpuBackend, x: View, out: View, n: int, log: bool) -> list[Any]:
@@ -43,12 +54,8 @@ def record_softmax(be: WgpuBackend, x: View, out: View, n: int, log: bool) -> li
         y = "select(exp_le0(v - m) / s, nan_f32(), bad)"
     body += norm.row_loop([f"            {reads.put('ob + i', y)}"], load, n, ty)
 
-    src = be.kernel_source(
-        "softmax", PRELUDE=PRELUDE, BINDINGS=decls, N=n, TX=tx, TY=ty, ROWS=rows, CPL=cpl, WG=tx * ty,
-        ROW_MAX=norm.lane_reduce("row_max", "fmax_nan(a, b)", ty, subgroups),
-        ROW_SUM=norm.lane_reduce("row_sum", "a + b", ty, subgroups),
-        COMPENSATED_SUM=norm.COMPENSATED_SUM,
-        SG_ARGS=", @builtin(subgroup_size) sg: u32" if subgroups else "", X_OFF=x.offset, OUT_OFF=out.offset,
-        BODY="\n".join(body))
+    src = norm.rows_source(be, HEADER, FUNCS, "", [norm.lane_reduce("row_max", "fmax_nan(a, b)", ty, subgroups),
+                                                    norm.lane_reduce("row_sum", "a + b", ty, subgroups)],
+                           decls, n, tx, ty, rows, cpl, subgroups, x, out, body)
     label = "logsoftmax" if log else "softmax"
     return [be.dispatch(be.pipeline(label, src), handles, grid_1d(-(-rows // tx)), label)]

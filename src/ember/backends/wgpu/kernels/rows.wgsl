@@ -1,33 +1,27 @@
-// Fused row normalisation (filled in by norm.py): LayerNorm or RMSNorm over contiguous rows of N elements.
+// Row kernels (filled in by norm.py and softmax.py): one fused op over contiguous rows of N elements.
+${HEADER}
 //
-// Bindings (group 0): 0 x (read), 1 scale (read), 2 bias (read), 3 out (read_write). scale and bias are
-// declared only when the op has them; an input in out's buffer is read through `out` (binding 0 absent).
 // Grid: grid_1d(ceil(ROWS / TX)) workgroups of TX * TY invocations: TX rows per workgroup, TY lanes per row,
 // adjacent lanes on adjacent elements; row = (wid.y * nwg.x + wid.x) * TX + lid / TY.
-//
-// layernorm: two passes in f32 over the row shifted by its first element k, d = x - k (exact for x near k,
-// so a large common offset such as 1e4 + noise loses nothing, where even an f32 mean would):
-//   m = mean(d), var = mean((d - m)²), out = (d - m) * inverseSqrt(var + EPS) * scale + bias.
-// rmsnorm: out = x * inverseSqrt(mean(x²) + EPS) * scale + bias.
-// Each lane folds its elements with a compensated (Neumaier) sum; the lanes of a row then combine in a fixed
-// order (subgroup butterfly + workgroup memory, or a tree in workgroup memory), so runs are bitwise
+// Each lane folds its elements with a compensated (Neumaier) sum where it sums; the lanes of a row then combine
+// in a fixed order (subgroup butterfly + workgroup memory, or a tree in workgroup memory), so runs are bitwise
 // reproducible. With CPL <= the cache limit the lane keeps its elements in registers (`c`) between passes.
 // Every index is in range by construction: rows past the end clamp to row 0 and store nothing.
 ${PRELUDE}
+${FUNCS}
 
 ${BINDINGS}
 
 const N: u32 = ${N}u;  // row length
-const NF: f32 = ${NF};  // N as f32
-const EPS: f32 = ${EPS};
 const TX: u32 = ${TX}u;  // rows per workgroup
 const TY: u32 = ${TY}u;  // lanes per row
 const ROWS: u32 = ${ROWS}u;
 const CPL: u32 = ${CPL}u;  // elements per lane, ceil(N / TY)
+${CONSTS}
 
 var<workgroup> sh: array<f32, ${WG}>;
 
-${ROW_SUM}
+${REDUCTIONS}
 
 ${COMPENSATED_SUM}
 
