@@ -50,6 +50,17 @@ class Graph:
     def producers(self) -> dict[str, Node]:
         return {o: n for n in self.nodes for o in n.outputs if o}
 
+    def use_counts(self) -> dict[str, int]:
+        """How many times each value is read: by node inputs, and once more per graph output it is."""
+        count: dict[str, int] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    count[i] = count.get(i, 0) + 1
+        for o in self.outputs:
+            count[o.name] = count.get(o.name, 0) + 1
+        return count
+
     def consumers(self) -> dict[str, list[Node]]:
         out: dict[str, list[Node]] = {}
         for n in self.nodes:

@@ -27,17 +27,6 @@ def optimize(graph: Graph) -> dict[str, int]:
     return stats
 
 
-def _uses(graph: Graph) -> dict[str, int]:
-    count: dict[str, int] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            if i:
-                count[i] = count.get(i, 0) + 1
-    for o in graph.outputs:
-        count[o.name] = count.get(o.name, 0) + 1
-    return count
-
-
 def _rename_input(graph: Graph, old: str, new: str) -> None:
     for n in graph.nodes:
         n.inputs = [new if i == old else i for i in n.inputs]
@@ -91,7 +80,7 @@ def drop_identities(graph: Graph) -> int:
 
 def fold_conv_batchnorm(graph: Graph) -> int:
     """Conv -> BatchNormalization (inference, constant statistics) becomes one Conv with scaled weights."""
-    uses = _uses(graph)
+    uses = graph.use_counts()
     consumers = graph.consumers()
     inits = graph.initializers
     folded = 0
@@ -128,7 +117,7 @@ def fold_conv_batchnorm(graph: Graph) -> int:
 
 def fuse_silu(graph: Graph) -> int:
     """Mul(x, Sigmoid(x)) -> ai.ember.Silu(x): one op, so a producing Conv can apply it in its epilogue."""
-    uses = _uses(graph)
+    uses = graph.use_counts()
     producers = graph.producers()
     fused = 0
     dead: set[int] = set()
@@ -171,7 +160,7 @@ class _Matcher:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.producers = graph.producers()
-        self.uses = _uses(graph)
+        self.uses = graph.use_counts()
 
     def node(self, name: str, *op_types: str) -> Node | None:
         n = self.producers.get(name)

@@ -221,13 +221,7 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
     env: dict[str, T] = {name: T(arr.dtype, arr.shape, value=arr) for name, arr in graph.initializers.items()}
     inputs = []
     host_values = host_values or {}
-    uses: dict[str, int] = {}
-    for node in graph.nodes:
-        for name in node.inputs:
-            if name:
-                uses[name] = uses.get(name, 0) + 1
-    for vi in graph.outputs:
-        uses[vi.name] = uses.get(vi.name, 0) + 1
+    uses = graph.use_counts()
     remaining = dict(uses)  # consumers not planned yet, per value (graph outputs never reach 0)
     for vi in graph.inputs:
         if vi.name in host_values:
