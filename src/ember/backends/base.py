@@ -475,6 +475,21 @@ class ComputeBackend(ABC):
                     act: Any = None) -> list:
         """2-D convolution, NCHW, filter (K, C/groups, R, S), pads (top, left, bottom, right)."""
 
+    # Winograd F(m, 3) convolution (ops/winograd.py has the algorithm and the layouts): the output tiles m this
+    # backend implements; empty when it has no Winograd kernels.
+    winograd_tiles: tuple[int, ...] = ()
+
+    def winograd_tile(self, n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
+        """The F(m, 3) tile to run a 3x3 stride-1 conv (N x C x P x Q output of K channels, same-size input
+        when padded by 1) with, or None for the direct convolution; each backend decides by its own costs."""
+        return None
+
+    def record_conv_winograd(self, x: View, u: View, bias: View | None, out: View, pads: tuple[int, int, int, int],
+                             m: int, act: Any = None) -> list:
+        """out = act(conv3x3(x) + bias) by Winograd F(m, 3): x (N, C, H, W), u the transformed filter
+        (alpha^2, K, C) from ops/winograd.transform_weights, out (N, K, P, Q), pads (top, left, bottom, right)."""
+        raise NotImplementedError(f"{type(self).__name__} has no Winograd convolution")
+
     @abstractmethod
     def record_reduce_axes(self, op: str, x: View, out: View, n_reduce: int) -> list:
         """Reduce the last `n_reduce` dims of x into out (x.shape[:-n_reduce], contiguous).

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
 from ..backends.base import View
 from ..backends.expr import FLOAT, Expr, call, const, inp
+from . import winograd
 from .base import Context, Op, T, register
 from .elementwise import anchored, emit
 from .reduce import reduce_axes
@@ -64,9 +66,21 @@ class Conv(Op):
         if r == 1:
             strides, dil, kernel = (1, *strides), (1, *dil), (1, *kernel)
             pads = [0, pads[0], 0, pads[1]]
+        out4 = out_shape if r == 2 else out_shape[:2] + (1,) + out_shape[2:]
+        m = winograd_choice(ctx, x, w, kernel, strides, dil, g, out_shape) if r == 2 else None
+        if m is not None:
+            xv = ctx.contiguous(x)
+            u = ctx.view(ctx.const(winograd.transform_weights(np.asarray(w.value, np.float32), m).astype(w.dtype)))
+            bias = ctx.contiguous(b) if b is not None else None
+            pads4 = (pads[0], pads[1], pads[2], pads[3])
+            ctx.count("conv.winograd")
+
+            def record_wino(out: View, act: Expr | None, _bias: View | None = None) -> list:
+                return ctx.backend.record_conv_winograd(xv, u, bias, out, pads4, m, act)
+
+            return [anchored(ctx, x.dtype, out_shape, record_wino, [xv, u, bias])]
         xv, wv = ctx.contiguous(to_2d(ctx, x)), ctx.contiguous(to_2d(ctx, w))
         bias = ctx.contiguous(b) if b is not None else None
-        out4 = out_shape if r == 2 else out_shape[:2] + (1,) + out_shape[2:]
 
         def record(out: View, act: Expr | None, _bias: View | None = None) -> list:
             o4 = View.contiguous(out.handle, out.dtype, out4, out.offset)
@@ -74,6 +88,24 @@ class Conv(Op):
                                            act)
 
         return [anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias])]
+
+
+def winograd_choice(ctx: Context, x: T, w: T, kernel: tuple, strides: tuple, dil: tuple, groups: int,
+                    out_shape: tuple[int, ...]) -> int | None:
+    """The Winograd tile m for this Conv, or None (direct). Needs constant weights (transformed at load) and a
+    backend with Winograd kernels; the backend's cost model decides, EMBER_WINOGRAD=0 / 2 / 4 overrides it."""
+    be = ctx.backend
+    if not (be.winograd_tiles and w.is_const and winograd.eligible(kernel, strides, dil, groups)):
+        return None
+    env = os.environ.get("EMBER_WINOGRAD", "")
+    if env:
+        if env == "0":
+            return None
+        if not env.isdigit() or int(env) not in be.winograd_tiles:
+            raise ValueError(f"EMBER_WINOGRAD={env!r}: expected 0 (off) or one of {be.winograd_tiles}")
+        return int(env)
+    n, k, p, q = out_shape
+    return be.winograd_tile(n, x.shape[1], k, p, q, x.dtype)
 
 
 class Pool(Op):
