@@ -6,6 +6,7 @@ Medians of `repeat`, µs, for one float32 array of `mb` MB (ResNet-18 batch 8's 
   host_copy        np.copyto into a reused host array (the machine's single-thread memcpy)
   write_buffer     wgpuQueueWriteBuffer alone (wgpu copies into its staging memory; no GPU work waited for)
   write+sync       the same, then submit an empty command buffer and wait for the GPU
+  chunked/P+sync   P writes of 1/P each, a submit after each (GPU transfer overlaps the next memcpy), then wait
   mapped_copy/tN   a persistent MAP_WRITE staging buffer kept mapped: copy into its mapped range with N threads
   mapped_run/tN    the whole staging round: copy (N threads), unmap, copy_buffer_to_buffer, submit, wait, map again
 """
@@ -73,6 +74,20 @@ def main() -> int:
     sync()
     res["write+sync"] = med_us(lambda: (write(), sync()), args.repeat)
     res["sync"] = med_us(sync, args.repeat)
+
+    def chunked(parts: int) -> None:
+        # Each chunk's copy is submitted before the next chunk is staged: the GPU's transfer of chunk i
+        # overlaps the host's memcpy of chunk i + 1.
+        step = -(-n // parts // 4) * 4
+        view = ffi.from_buffer(src)
+        for off in range(0, n, step):
+            size = min(step, n - off)
+            lib.wgpuQueueWriteBuffer(queue._internal, target._internal, off, view + off, size)
+            queue.submit([])
+        sync()
+
+    for parts in (2, 4, 8):
+        res[f"chunked/{parts}+sync"] = med_us(lambda parts=parts: chunked(parts), args.repeat)
 
     staging = device.create_buffer(size=n, usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC,
                                    mapped_at_creation=True)

@@ -218,3 +218,60 @@ def test_record_conv_rejects_bad_views(wgpu_be: ember.ComputeBackend) -> None:
     finally:
         for h in (hx, hf, ho):
             be.free(h)
+
+
+@pytest.mark.parametrize("xshape,k,rs,stride,pads,groups,layout", [
+    ((2, 16, 9, 9), 24, (3, 3), (1, 1), (1, 1, 1, 1), 1, "contiguous"),       # implicit GEMM
+    ((1, 256, 5, 5), 16, (3, 3), (1, 1), (1, 1, 1, 1), 1, "contiguous"),      # split K: the reduce kernel adds it
+    ((2, 32, 7, 7), 48, (1, 1), (1, 1), (0, 0, 0, 0), 1, "contiguous"),       # the 1x1 matmul route
+    ((2, 8, 12, 12), 8, (3, 3), (1, 1), (1, 1, 1, 1), 8, "contiguous"),       # depthwise
+    ((2, 12, 8, 8), 12, (3, 3), (1, 1), (1, 1, 1, 1), 1, "channel-broadcast"),  # a (1, K, 1, 1) addend
+    ((2, 12, 8, 8), 12, (3, 3), (1, 1), (1, 1, 1, 1), 1, "offset"),           # a view inside a bigger buffer
+])
+def test_conv_residual_epilogue(wgpu_be: ember.ComputeBackend, rng: np.random.Generator, xshape, k, rs, stride,
+                                pads, groups, layout) -> None:
+    """out = relu(conv + bias + residual) with the residual read in the conv kernel's epilogue (ResNet's Add+Relu)."""
+    be = wgpu_be
+    n, c, h, w = xshape
+    p, q = out_hw(h, w, *rs, stride, pads, (1, 1))
+    x = rng.standard_normal(xshape).astype(np.float32)
+    f = rng.standard_normal((k, c // groups, *rs)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    if layout == "channel-broadcast":
+        res = rng.standard_normal((1, k, 1, 1)).astype(np.float32)
+        store, rview = res, lambda hr: View(hr, F32, (n, k, p, q), (0, 1, 0, 0), 0)
+    elif layout == "offset":
+        res = rng.standard_normal((n, k, p, q)).astype(np.float32)
+        store = np.concatenate([np.full(7, np.nan, np.float32), res.ravel()])
+        rview = lambda hr: View.contiguous(hr, F32, (n, k, p, q), 7)  # noqa: E731
+    else:
+        res = rng.standard_normal((n, k, p, q)).astype(np.float32)
+        store, rview = res, lambda hr: View.contiguous(hr, F32, (n, k, p, q))  # noqa: E731
+    hx, hf, hb, hr, ho = upload(be, x), upload(be, f), upload(be, b), upload(be, store), poisoned(be, n * k * p * q)
+    try:
+        steps = be.record_conv(View.contiguous(hx, F32, xshape), View.contiguous(hf, F32, f.shape),
+                               View.contiguous(hb, F32, (k,)), View.contiguous(ho, F32, (n, k, p, q)), stride, pads,
+                               (1, 1), groups, RELU, residual=rview(hr))
+        be.execute(steps)
+        got = download(be, ho, (n, k, p, q))
+    finally:
+        for hh in (hx, hf, hb, hr, ho):
+            be.free(hh)
+    ref = np.maximum(conv_ref(x, f, b, stride, pads, (1, 1), groups) + res.astype(np.float64), 0.0)
+    assert rel_err(got, ref) <= TOL
+
+
+def test_conv_residual_errors(wgpu_be: ember.ComputeBackend, rng: np.random.Generator) -> None:
+    be = wgpu_be
+    hx, hf, ho, hr = upload(be, np.ones((1, 4, 6, 6), np.float32)), upload(be, np.ones((4, 4, 3, 3), np.float32)), \
+        be.alloc(4 * 4 * 36), be.alloc(4 * 4 * 36)
+    try:
+        args = (View.contiguous(hx, F32, (1, 4, 6, 6)), View.contiguous(hf, F32, (4, 4, 3, 3)), None,
+                View.contiguous(ho, F32, (1, 4, 6, 6)), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+        with pytest.raises(ValueError, match="residual must have the output's shape"):
+            be.record_conv(*args, residual=View.contiguous(hr, F32, (1, 4, 3, 12)))
+        with pytest.raises(ValueError, match="residual overlaps the output"):
+            be.record_conv(*args, residual=View.contiguous(ho, F32, (1, 4, 6, 6)))
+    finally:
+        for hh in (hx, hf, ho, hr):
+            be.free(hh)

@@ -469,11 +469,16 @@ class ComputeBackend(ABC):
         out View itself (gemm's beta * C). `act` is an elementwise Expr over input 0, or None.
         """
 
+    # Whether record_conv takes `residual` (a tensor of the output's shape added before the activation, so a
+    # ResNet block's Add + Relu run in the conv's epilogue instead of a kernel of their own).
+    conv_residual: bool = False
+
     @abstractmethod
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
-                    act: Any = None) -> list:
-        """2-D convolution, NCHW, filter (K, C/groups, R, S), pads (top, left, bottom, right)."""
+                    act: Any = None, residual: View | None = None) -> list:
+        """2-D convolution, NCHW, filter (K, C/groups, R, S), pads (top, left, bottom, right):
+        out = act(conv + bias + residual); `residual` only where `conv_residual` says so."""
 
     # Winograd F(m, 3) convolution (ops/winograd.py has the algorithm and the layouts): the output tiles m this
     # backend implements; empty when it has no Winograd kernels.

@@ -82,12 +82,23 @@ class Conv(Op):
         xv, wv = ctx.contiguous(to_2d(ctx, x)), ctx.contiguous(to_2d(ctx, w))
         bias = ctx.contiguous(b) if b is not None else None
 
-        def record(out: View, act: Expr | None, _bias: View | None = None) -> list:
+        def record(out: View, act: Expr | None, residual: View | None = None) -> list:
             o4 = View.contiguous(out.handle, out.dtype, out4, out.offset)
+            kw = {"residual": conv_residual(ctx, residual, out4)} if residual is not None else {}
             return ctx.backend.record_conv(xv, wv, bias, o4, strides, (pads[0], pads[1], pads[2], pads[3]), dil, g,
-                                           act)
+                                           act, **kw)
 
-        return [anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias])]
+        return [anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias], takes_bias=ctx.backend.conv_residual)]
+
+
+def conv_residual(ctx: Context, residual: View, out4: tuple[int, ...]) -> View:
+    """A residual connection the conv adds in its epilogue, as a view of the 4-D output's shape whose (P, Q) dims
+    merge (what the kernels index); a layout that does not is copied first."""
+    n, k, p, q = out4
+    res = residual.merged(out4)
+    if res is None or res.merged((n, k, p * q)) is None:
+        res = ctx.contiguous(T(residual.dtype, residual.shape, view=residual)).merged(out4)
+    return res
 
 
 def winograd_choice(ctx: Context, x: T, w: T, kernel: tuple, strides: tuple, dil: tuple, groups: int,

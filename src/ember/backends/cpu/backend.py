@@ -166,7 +166,9 @@ class CpuBackend(ComputeBackend):
 
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
-                    act: Expr | None = None) -> list[Step]:
+                    act: Expr | None = None, residual: View | None = None) -> list[Step]:
+        if residual is not None:
+            raise NotImplementedError("cpu conv: no residual epilogue (conv_residual is False)")
         xv, wv, dst = self.array(x), self.array(w), self.array(out)
         bv = self.array(bias).reshape(-1, 1, 1) if bias is not None else None
         n, c, h, wd = x.shape

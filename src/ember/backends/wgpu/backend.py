@@ -128,6 +128,7 @@ def grid_1d(groups: int) -> tuple[int, int, int]:
 class WgpuBackend(ComputeBackend):
     name = "wgpu"
     fused_f16 = True
+    conv_residual = True
 
     def __init__(self, adapter: int | str | None = None, power_preference: str | None = None) -> None:
         super().__init__()
@@ -553,10 +554,10 @@ class WgpuBackend(ComputeBackend):
 
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
-                    act: Expr | None = None) -> list:
+                    act: Expr | None = None, residual: View | None = None) -> list:
         from .conv import record_conv
 
-        return record_conv(self, x, w, bias, out, stride, pads, dilation, groups, act)
+        return record_conv(self, x, w, bias, out, stride, pads, dilation, groups, act, residual)
 
     def record_reduce_axes(self, op: str, x: View, out: View, n_reduce: int) -> list:
         from .reduce import record_reduce_axes

@@ -173,12 +173,20 @@ def _conv_shape(x: View, w: View, out: View, stride: tuple[int, int], pads: tupl
 
 def record_conv(be: WgpuBackend, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                 pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
-                act: Expr | None = None) -> list:
-    types = require_float("conv", x=x, w=w, bias=bias, out=out)
+                act: Expr | None = None, residual: View | None = None) -> list:
+    """out = act(conv(x, w) + bias + residual): bias per output channel, residual (a residual connection) of
+    out's shape, read in the epilogue of whichever kernel computes the conv."""
+    types = require_float("conv", x=x, w=w, bias=bias, out=out, residual=residual)
     cs = _conv_shape(x, w, out, tuple(stride), tuple(pads), tuple(dilation), int(groups))
     if bias is not None and (len(bias.shape) != 1 or bias.shape[0] != cs.k):
         raise ValueError(f"conv: bias must have shape ({cs.k},), got {bias.shape}")
-    for name, v in (("x", x), ("w", w), ("bias", bias), ("out", out)):
+    res3 = None
+    if residual is not None:
+        res3 = residual.merged((cs.n, cs.k, cs.p * cs.q)) if residual.shape == out.shape else None
+        if res3 is None:
+            raise ValueError(f"conv: residual must have the output's shape {out.shape} with P and Q mergeable "
+                             f"strides, got shape {residual.shape} strides {residual.strides}")
+    for name, v in (("x", x), ("w", w), ("bias", bias), ("out", out), ("residual", residual)):
         if v is not None:
             check_view(be, v, name)
             if name != "out":
@@ -195,14 +203,14 @@ def record_conv(be: WgpuBackend, x: View, w: View, bias: View | None, out: View,
         o = View(out.handle, out.dtype, (cs.n, cs.k, hw), (cs.k * hw, hw, 1), out.offset)
         bv = None if bias is None else View(bias.handle, bias.dtype, (cs.n, cs.k, hw), (0, bias.strides[0], 0),
                                             bias.offset)
-        return record_matmul(be, a, b, o, alpha=1.0, bias=bv, beta=1.0, act=act)
+        return record_matmul(be, a, b, o, alpha=1.0, bias=bv, beta=1.0, act=act, residual=res3)
     if cs.cg == 1 and groups == cs.c:
-        return _record_depthwise(be, cs, x, w, bias, out, act, types)
-    return _record_implicit_gemm(be, cs, x, w, bias, out, act, types)
+        return _record_depthwise(be, cs, x, w, bias, out, act, types, res3)
+    return _record_implicit_gemm(be, cs, x, w, bias, out, act, types, res3)
 
 
 def _conv_epilogue(cs: ConvShape, out: View, bias: View | None, act: Expr | None, binds: Bindings,
-                   guard: str | None) -> Epilogue:
+                   guard: str | None, res3: View | None) -> Epilogue:
     """epi(acc, z = group, m = channel within the group, n = column (img, p, q))."""
     pq = cs.p * cs.q
     ep = Epilogue(addr(out.offset, [("img", cs.k * pq), ("z", cs.kg * pq), ("m", pq), ("pq", 1)]), act=act,
@@ -210,11 +218,15 @@ def _conv_epilogue(cs: ConvShape, out: View, bias: View | None, act: Expr | None
     if bias is not None:
         ep.bias_index = addr(bias.offset, [("z", cs.kg * bias.strides[0]), ("m", bias.strides[0])])
         ep.bias_handle = bias.handle
+    if res3 is not None:
+        s0, s1, s2 = res3.strides
+        ep.residual_index = addr(res3.offset, [("img", s0), ("z", cs.kg * s1), ("m", s1), ("pq", s2)])
+        ep.residual_handle = res3.handle
     return ep
 
 
 def _record_implicit_gemm(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: View | None, out: View,
-                          act: Expr | None, types: dict[int, str]) -> list:
+                          act: Expr | None, types: dict[int, str], res3: View | None) -> list:
     m, ncols, kk = cs.kg, cs.n * cs.p * cs.q, cs.cg * cs.r * cs.s
 
     def make_a(binds: Bindings, tile: Tile) -> Loader:
@@ -225,10 +237,11 @@ def _record_implicit_gemm(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias
         return Im2colLoader("b", tile.bn, cs, x, binds)
 
     def make_epilogue(binds: Bindings, guard_m: bool, guard_n: bool) -> Epilogue:
-        if bias is not None:
-            binds.add(bias.handle, False)
+        for v in (bias, res3):
+            if v is not None:
+                binds.add(v.handle, False)
         conds = ([f"m >= {u(m)}"] if guard_m else []) + ([f"n >= {u(ncols)}"] if guard_n else [])
-        return _conv_epilogue(cs, out, bias, act, binds, " || ".join(conds) or None)
+        return _conv_epilogue(cs, out, bias, act, binds, " || ".join(conds) or None, res3)
 
     notes = [f"implicit GEMM conv: x {(cs.n, cs.c, cs.h, cs.w)}, w {(cs.k, cs.cg, cs.r, cs.s)}, groups {cs.groups}, "
              f"stride {(cs.sh, cs.sw)}, pads top/left {(cs.pt, cs.pl)}, dilation {(cs.dh, cs.dw)} -> P x Q "
@@ -238,12 +251,13 @@ def _record_implicit_gemm(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias
 
 
 def _record_depthwise(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: View | None, out: View,
-                      act: Expr | None, types: dict[int, str]) -> list:
+                      act: Expr | None, types: dict[int, str], res3: View | None) -> list:
     binds = Bindings(out.handle, types=types)
     binds.add(x.handle, False)
     binds.add(w.handle, False)
-    if bias is not None:
-        binds.add(bias.handle, False)
+    for v in (bias, res3):
+        if v is not None:
+            binds.add(v.handle, False)
     pq = cs.p * cs.q
     total = cs.n * cs.k * pq
     # The epilogue sees (z = image, m = channel, n = p*Q + q).
@@ -251,6 +265,9 @@ def _record_depthwise(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: Vi
     if bias is not None:
         ep.bias_index = addr(bias.offset, [("m", bias.strides[0])])
         ep.bias_handle = bias.handle
+    if res3 is not None:
+        ep.residual_index = addr(res3.offset, list(zip("zmn", res3.strides, strict=True)))
+        ep.residual_handle = res3.handle
     groups = math.ceil(total / DEPTHWISE_WORKGROUP)
     grid = grid_1d(groups)
     header = "\n".join([

@@ -212,6 +212,8 @@ class Epilogue:
     act: Expr | None = None
     guard: str | None = None  # WGSL bool: true where (m, n) is outside the output
     pre: list[str] = field(default_factory=list)  # lines computing helper values from z, m, n
+    residual_index: str | None = None  # a second addend (a residual connection), added before the activation
+    residual_handle: int | None = None
 
     def function(self, binds: Bindings) -> str:
         body = [f"    if ({self.guard}) {{ return; }}"] if self.guard else []
@@ -220,6 +222,8 @@ class Epilogue:
         if self.bias_index is not None and self.beta != 0.0:
             bias = binds.scalar(self.bias_handle, self.bias_index)
             value += f" + {bias}" if self.beta == 1.0 else f" + {float_literal(self.beta)} * {bias}"
+        if self.residual_index is not None:
+            value += f" + {binds.scalar(self.residual_handle, self.residual_index)}"
         body.append(f"    let v: f32 = {value};")
         lines, result = act_lines(self.act, "v")
         body += lines
@@ -228,13 +232,17 @@ class Epilogue:
 
 
 def matmul_epilogue(out: View, bias: View | None, alpha: float, beta: float, act: Expr | None,
-                    m_size: int, n_size: int, guard_m: bool, guard_n: bool) -> Epilogue:
+                    m_size: int, n_size: int, guard_m: bool, guard_n: bool,
+                    residual: View | None = None) -> Epilogue:
     conds = ([f"m >= {u(m_size)}"] if guard_m else []) + ([f"n >= {u(n_size)}"] if guard_n else [])
     ep = Epilogue(addr(out.offset, list(zip("zmn", out.strides, strict=True))), alpha=alpha, beta=beta, act=act,
                   guard=" || ".join(conds) or None)
     if bias is not None and beta != 0.0:
         ep.bias_index = addr(bias.offset, list(zip("zmn", bias.strides, strict=True)))
         ep.bias_handle = bias.handle
+    if residual is not None:
+        ep.residual_index = addr(residual.offset, list(zip("zmn", residual.strides, strict=True)))
+        ep.residual_handle = residual.handle
     return ep
 
 
@@ -724,34 +732,37 @@ def _narrow(v: View | None, dim: int, start: int, length: int) -> View | None:
     return View(v.handle, v.dtype, shape, v.strides, v.offset + start * v.strides[dim])
 
 
-def _halves(a: View, b: View, out: View, bias: View | None, dim: str) -> list[tuple[View, View, View, View | None]]:
-    """The two halves of a (B, M, K) @ (B, K, N) problem along dim z, m, n or k (k: out and bias are shared)."""
+Part = tuple[View, View, View, View | None, View | None]  # a, b, out, bias, residual
+
+
+def _halves(a: View, b: View, out: View, bias: View | None, residual: View | None, dim: str) -> list[Part]:
+    """The two halves of a (B, M, K) @ (B, K, N) problem along dim z, m, n or k (k: out, bias and residual are
+    shared)."""
     nb, m, k = a.shape
     size = {"z": nb, "m": m, "n": b.shape[2], "k": k}[dim]
     parts = []
     for start, length in ((0, size // 2), (size // 2, size - size // 2)):
         if dim == "z":
-            parts.append(tuple(_narrow(v, 0, start, length) for v in (a, b, out, bias)))
+            parts.append(tuple(_narrow(v, 0, start, length) for v in (a, b, out, bias, residual)))
         elif dim == "m":
-            parts.append((_narrow(a, 1, start, length), b, _narrow(out, 1, start, length),
-                          _narrow(bias, 1, start, length)))
+            parts.append((_narrow(a, 1, start, length), b, *(_narrow(v, 1, start, length)
+                                                              for v in (out, bias, residual))))
         elif dim == "n":
-            parts.append((a, _narrow(b, 2, start, length), _narrow(out, 2, start, length),
-                          _narrow(bias, 2, start, length)))
+            parts.append((a, *(_narrow(v, 2, start, length) for v in (b, out, bias, residual))))
         else:
-            parts.append((_narrow(a, 2, start, length), _narrow(b, 1, start, length), out, bias))
+            parts.append((_narrow(a, 2, start, length), _narrow(b, 1, start, length), out, bias, residual))
     return parts
 
 
 def record_split(be: WgpuBackend, a: View, b: View, out: View, bias: View | None, alpha: float, beta: float,
-                 act: Expr | None) -> list:
+                 act: Expr | None, residual: View | None = None) -> list:
     """Record a matmul whose operands need more than be.max_binding bytes of some buffer as two halves."""
     nb, m, k = a.shape
-    now = _excess(be, (a, b, out, bias))
+    now = _excess(be, (a, b, out, bias, residual))
     best = None
     for dim, size in (("n", b.shape[2]), ("m", m), ("z", nb), ("k", k)):
         if size >= 2:
-            parts = _halves(a, b, out, bias, dim)
+            parts = _halves(a, b, out, bias, residual, dim)
             cost = max(_excess(be, p) for p in parts)
             if best is None or cost < best[0]:
                 best = (cost, dim, parts)
@@ -761,19 +772,21 @@ def record_split(be: WgpuBackend, a: View, b: View, out: View, bias: View | None
             f"({be.max_binding} bytes) of one buffer, and no split of it binds less")
     _, dim, parts = best
     if dim == "k":
-        (a0, b0, _, _), (a1, b1, _, _) = parts
-        return (record_matmul(be, a0, b0, out, alpha=alpha, bias=bias, beta=beta)
+        (a0, b0, *_), (a1, b1, *_) = parts
+        return (record_matmul(be, a0, b0, out, alpha=alpha, bias=bias, beta=beta, residual=residual)
                 + record_matmul(be, a1, b1, out, alpha=alpha, bias=out, beta=1.0, act=act))
     steps = []
-    for pa, pb, po, pbias in parts:
-        steps += record_matmul(be, pa, pb, po, alpha=alpha, bias=pbias, beta=beta, act=act)
+    for pa, pb, po, pbias, pres in parts:
+        steps += record_matmul(be, pa, pb, po, alpha=alpha, bias=pbias, beta=beta, act=act, residual=pres)
     return steps
 
 
 # ---- entry point ---------------------------------------------------------------------------------------------
 def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
-                  beta: float = 1.0, act: Expr | None = None) -> list:
-    types = require_float("matmul", a=a, b=b, out=out, bias=bias)
+                  beta: float = 1.0, act: Expr | None = None, residual: View | None = None) -> list:
+    """out = act(alpha * a @ b + beta * bias + residual); `residual` (a residual connection) is read-only and must
+    not overlap out."""
+    types = require_float("matmul", a=a, b=b, out=out, bias=bias, residual=residual)
     for name, v in (("a", a), ("b", b), ("out", out)):
         if len(v.shape) != 3:
             raise ValueError(f"matmul: {name} must be a 3-D view (B, rows, cols), got shape {v.shape}")
@@ -789,7 +802,10 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
         bias = None  # BLAS: beta = 0 ignores the old contents, NaN included
     if bias is not None:
         bias = bias.broadcast_to(out.shape)
-    for name, v in (("a", a), ("b", b), ("out", out), ("bias", bias)):
+    if residual is not None:
+        residual = residual.broadcast_to(out.shape)
+        check_no_overlap(residual, out, "residual")
+    for name, v in (("a", a), ("b", b), ("out", out), ("bias", bias), ("residual", residual)):
         if v is not None:
             check_view(be, v, name)
     if any(s == 0 for d, s in zip(out.shape, out.strides, strict=True) if d > 1):
@@ -802,20 +818,21 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
             s != t for d, s, t in zip(out.shape, bias.strides, out.strides, strict=True) if d > 1)):
         check_no_overlap(bias, out, "bias")
 
-    windows = binding_windows(be, [a, b, out, bias])
+    windows = binding_windows(be, [a, b, out, bias, residual])
     if any(size > be.max_binding for _, size in windows.values()):
-        return record_split(be, a, b, out, bias, alpha, beta, act)
+        return record_split(be, a, b, out, bias, alpha, beta, act, residual)
     if windows:
-        a, b, out, bias = (rebase_view(v, windows) for v in (a, b, out, bias))
+        a, b, out, bias, residual = (rebase_view(v, windows) for v in (a, b, out, bias, residual))
     binds = Bindings(out.handle, windows, types)
     a_unit = (k == 1 or a.strides[2] == 1 or m == 1 or a.strides[1] == 1)
     b_unit = (n == 1 or b.strides[2] == 1 or k == 1 or b.strides[1] == 1)
     if not (a_unit and b_unit) or any(s < 0 for s in a.strides + b.strides):
         binds.add(a.handle, False)
         binds.add(b.handle, False)
-        if bias is not None:
-            binds.add(bias.handle, False)
-        ep = matmul_epilogue(out, bias, alpha, beta, act, m, n, True, True)
+        for v in (bias, residual):
+            if v is not None:
+                binds.add(v.handle, False)
+        ep = matmul_epilogue(out, bias, alpha, beta, act, m, n, True, True, residual)
         return record_strided(be, a, b, out, ep, binds)
 
     def make_a(binds: Bindings, tile: Tile) -> Loader:
@@ -827,9 +844,10 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
                               nb)
 
     def make_epilogue(binds: Bindings, guard_m: bool, guard_n: bool) -> Epilogue:
-        if bias is not None:
-            binds.add(bias.handle, False)
-        return matmul_epilogue(out, bias, alpha, beta, act, m, n, guard_m, guard_n)
+        for v in (bias, residual):
+            if v is not None:
+                binds.add(v.handle, False)
+        return matmul_epilogue(out, bias, alpha, beta, act, m, n, guard_m, guard_n, residual)
 
     notes = [f"A {a.shape} strides {a.strides}, B {b.shape} strides {b.strides}"]
     notes += [f"allocation {h} bound from byte {off}, {size} bytes" for h, (off, size) in windows.items()]
