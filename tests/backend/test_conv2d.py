@@ -228,7 +228,7 @@ def test_record_conv_rejects_bad_views(wgpu_be: ember.ComputeBackend) -> None:
     ((2, 12, 8, 8), 12, (3, 3), (1, 1), (1, 1, 1, 1), 1, "channel-broadcast"),  # a (1, K, 1, 1) addend
     ((2, 12, 8, 8), 12, (3, 3), (1, 1), (1, 1, 1, 1), 1, "offset"),           # a view inside a bigger buffer
 ])
-def test_conv_residual_epilogue(wgpu_be: ember.ComputeBackend, rng: np.random.Generator, xshape, k, rs, stride,
+def test_wgpu_conv_residual_epilogue(wgpu_be: ember.ComputeBackend, rng: np.random.Generator, xshape, k, rs, stride,
                                 pads, groups, layout) -> None:
     """out = relu(conv + bias + residual) with the residual read in the conv kernel's epilogue (ResNet's Add+Relu)."""
     be = wgpu_be
@@ -261,7 +261,7 @@ def test_conv_residual_epilogue(wgpu_be: ember.ComputeBackend, rng: np.random.Ge
     assert rel_err(got, ref) <= TOL
 
 
-def test_conv_residual_errors(wgpu_be: ember.ComputeBackend, rng: np.random.Generator) -> None:
+def test_wgpu_conv_residual_errors(wgpu_be: ember.ComputeBackend, rng: np.random.Generator) -> None:
     be = wgpu_be
     hx, hf, ho, hr = upload(be, np.ones((1, 4, 6, 6), np.float32)), upload(be, np.ones((4, 4, 3, 3), np.float32)), \
         be.alloc(4 * 4 * 36), be.alloc(4 * 4 * 36)
