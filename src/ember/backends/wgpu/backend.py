@@ -567,10 +567,10 @@ class WgpuBackend(ComputeBackend):
         return choose_tile(self, n, c, k, p, q, dtype)
 
     def record_conv_winograd(self, x: View, u: View, bias: View | None, out: View, pads: tuple[int, int, int, int],
-                             m: int, act: Expr | None = None) -> list:
+                             m: int, act: Expr | None = None, residual: View | None = None) -> list:
         from .winograd import record_conv_winograd
 
-        return record_conv_winograd(self, x, u, bias, out, pads, m, act)
+        return record_conv_winograd(self, x, u, bias, out, pads, m, act, residual)
 
     def record_reduce_axes(self, op: str, x: View, out: View, n_reduce: int) -> list:
         from .reduce import record_reduce_axes

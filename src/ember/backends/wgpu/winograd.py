@@ -54,23 +54,39 @@ TRANSFORM_WORKGROUP = 128
 # ---- when to take Winograd (WgpuBackend.winograd_tile) ----------------------------------------------------------
 # Hardware GPUs: a 3x3 stride-1 conv goes through Winograd when its direct form does at least WINOGRAD_MIN_MACS
 # multiply-adds (N*P*Q*C*K*9), both channel counts are at least WINOGRAD_MIN_CHANNELS, and the roofline estimate
-# below says the Winograd arm is WINOGRAD_MIN_GAIN times faster than the implicit-GEMM conv. ResNet-18's 3x3
-# stride-1 convs do 116 M MACs each at batch 1 and 925 M at batch 8: the default threshold takes batch 8 and
-# leaves batch 1 to the direct kernel (three launches and two scratch round trips do not pay on ~10 us convs).
-# Tune it on the GPU with bench/bench_winograd.py (its "pick" column is what this rule chooses).
+# (estimate_s) says the best F(m, 3) is WINOGRAD_MIN_GAIN times faster than the implicit-GEMM conv. ResNet-18's
+# 3x3 stride-1 convs do 116 M MACs each at batch 1 and 925 M at batch 8: the default threshold takes batch 8 and
+# leaves batch 1 to the direct kernel (three launches and two scratch round trips on ~10 us convs). Tune it on the
+# GPU with bench/bench_winograd.py (its "pick" column is what this rule chooses, "model ms" the estimate).
 WINOGRAD_MIN_MACS = 256 * 1000 * 1000
 WINOGRAD_MIN_CHANNELS = 32
 WINOGRAD_MIN_GAIN = 1.15
-# The roofline estimate: each kernel takes max(flops / GEMM_FLOPS, bytes / MEMORY_BW) plus LAUNCH_S, the GEMMs'
-# flops counted over whole tiles (plan_gemm's), so a narrow product (few tiles: batch 1 at 7x7) pays its waste.
+# Tiles the rule picks from per storage type. With f16 storage U arrives rounded to f16, and F(4, 3)'s output
+# transform (entries up to 8) amplifies that rounding: max error 3-5e-3 of max|out| on lavapipe (C = 12..256)
+# against 3-5e-4 for F(2, 3) and 2-3e-4 for the direct f16 conv. EMBER_WINOGRAD=4 still forces it.
+AUTO_TILES = {"f32": (2, 4), "f16": (2,)}
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """The roofline estimate's machine: each kernel takes max(flops / gemm_flops, bytes / memory_bw) + launch_s,
+    the GEMMs' flops counted over whole tiles (plan_gemm's), so a narrow product (batch 1 at 7x7: 4 tiles of
+    F(4,3) in a 64-wide GEMM tile) pays its waste."""
+
+    gemm_flops: float
+    memory_bw: float
+    launch_s: float
+    min_macs: int
+    min_gain: float
+
+
 # Rough H200-through-Vulkan figures: the generated kernel's 16-25 TFLOP/s on convs, ~3 TB/s achieved.
-GEMM_FLOPS = 20e12
-MEMORY_BW = 3e12
-LAUNCH_S = 3e-6
-# Software adapters (lavapipe, the test suite's GPU): the direct conv unless Winograd's GEMMs save this many
-# multiply-adds (bench_winograd.py on lavapipe: F(4,3) wins there on big convs, but its timings say nothing
-# about a GPU, and the suite's model tests keep checking the direct kernels).
-SOFTWARE_MIN_MACS = 1 << 40
+HARDWARE = CostProfile(20e12, 3e12, 3e-6, WINOGRAD_MIN_MACS, WINOGRAD_MIN_GAIN)
+# Software adapters (lavapipe on 2 cores, bench_winograd.py): ~3 GFLOP/s in the GEMMs, ~1.5 GB/s in the
+# transforms; the model's tile-padded flops matched the measured ratios (b1: F(4,3) 2.7x faster at 64@56x56 and
+# 128@28x28, F(2,3) 2.3x at 256@14x14, direct 1.7x faster than F(2,3) at 512@7x7). Only clear wins there, and
+# only on convs big enough that a test's small layers keep running the direct kernels.
+SOFTWARE = CostProfile(3e9, 1.5e9, 50e-6, 50 * 1000 * 1000, 1.5)
 
 
 @dataclass(frozen=True)
@@ -182,7 +198,7 @@ def _input_body(ws: WinoShape, binds: Bindings, x_handle: Any, tp: int) -> list[
     return lines
 
 
-def _output_body(ws: WinoShape, binds: Bindings, m_buf: Any, tp: int) -> list[str]:
+def _output_body(ws: WinoShape, binds: Bindings, m_buf: Any, tp: int, residual: View | None) -> list[str]:
     a, m = ws.alpha, ws.m
     _, _, at = wg.matrices(m)
     th, tw = ws.tiles_hw
@@ -209,7 +225,12 @@ def _output_body(ws: WinoShape, binds: Bindings, m_buf: Any, tp: int) -> list[st
             if (tw - 1) * m + j >= ws.q:
                 conds.append(f"ow < {u(ws.q - j)}")
             pix = "pix" if i * ws.q + j == 0 else f"pix + {u(i * ws.q + j)}"
-            call = f"epi(y{i}_{j}, img, k, {pix});"
+            acc = f"y{i}_{j}"
+            if residual is not None:
+                s0, s1, s2, s3 = residual.strides
+                idx = addr(residual.offset, [("img", s0), ("k", s1), (f"(oh + {u(i)})", s2), (f"(ow + {u(j)})", s3)])
+                acc += f" + {binds.scalar(residual.handle, idx)}"
+            call = f"epi({acc}, img, k, {pix});"
             lines.append(f"    if ({' && '.join(conds)}) {{ {call} }}" if conds else f"    {call}")
     return lines
 
@@ -262,10 +283,12 @@ def _record_gemm(be: WgpuBackend, ws: WinoShape, uv: View, v_buf: Any, m_buf: An
                                  windows, types)
 
 
-def _record_output(be: WgpuBackend, ws: WinoShape, m_buf: Any, bias: View | None, out: View, act: Expr | None,
-                   t0: int, tc: int, tp: int, windows: dict, types: dict) -> list:
+def _record_output(be: WgpuBackend, ws: WinoShape, m_buf: Any, bias: View | None, residual: View | None, out: View,
+                   act: Expr | None, t0: int, tc: int, tp: int, windows: dict, types: dict) -> list:
     binds = Bindings(out.handle, windows, types)
     binds.add(m_buf, False)
+    if residual is not None:
+        binds.add(residual.handle, False)
     pq = ws.p * ws.q
     ep = Epilogue(addr(out.offset, [("z", ws.k * pq), ("m", pq), ("n", 1)]), act=act)
     if bias is not None:
@@ -277,14 +300,15 @@ def _record_output(be: WgpuBackend, ws: WinoShape, m_buf: Any, bias: View | None
     header = "\n".join([
         f"// ember Winograd F({ws.m}x{ws.m}, 3x3) output transform: M ({ws.alpha ** 2}, {ws.k}, {tp}), tiles "
         f"[{t0}, {t0 + tc}) of {ws.t} -> out {(ws.n, ws.k, ws.p, ws.q)}"
-        + (", + bias" if bias is not None else "") + (", activation" if act is not None else ""),
+        + (", + bias" if bias is not None else "") + (", + residual" if residual is not None else "")
+        + (", activation" if act is not None else ""),
         "// Bindings (group 0):", *binds.comment(),
         f"// Dispatch grid: {grid} = ceil({total} (channel, tile) threads / {TRANSFORM_WORKGROUP}) workgroups "
         "spread over x, y"])
     src = be.kernel_source(
         "winograd_output", HEADER=header, PRELUDE=PRELUDE, BINDINGS="\n".join(binds.declarations()),
         EPILOGUE=ep.function(binds), WORKGROUP=TRANSFORM_WORKGROUP, TOTAL=u(total), Q=u(ws.q),
-        BODY="\n".join(_output_body(ws, binds, m_buf, tp)), **_coords(ws, t0, tc, tp))
+        BODY="\n".join(_output_body(ws, binds, m_buf, tp, residual)), **_coords(ws, t0, tc, tp))
     label = f"winograd_output:F{ws.m}"
     return [be.dispatch(be.pipeline(label, src), binds.buffers(), grid, label)]
 
@@ -319,21 +343,27 @@ def winograd_shape(x: View, u_: View, bias: View | None, out: View, pads: tuple[
 
 
 def record_conv_winograd(be: WgpuBackend, x: View, u_: View, bias: View | None, out: View,
-                         pads: tuple[int, int, int, int], m: int, act: Expr | None = None) -> list:
-    types = require_float("Winograd conv", x=x, u=u_, bias=bias, out=out)
+                         pads: tuple[int, int, int, int], m: int, act: Expr | None = None,
+                         residual: View | None = None) -> list:
+    """out = act(conv3x3(x) + bias + residual) by Winograd F(m, 3). `residual` (a residual connection): a View of
+    out's shape (any non-overlapping strides, broadcast included), added before the activation, as conv.py's
+    epilogue does."""
+    types = require_float("Winograd conv", x=x, u=u_, bias=bias, out=out, residual=residual)
     ws = winograd_shape(x, u_, bias, out, pads, m)
-    for name, v in (("x", x), ("u", u_), ("bias", bias), ("out", out)):
+    if residual is not None and residual.shape != out.shape:
+        raise ValueError(f"Winograd conv: residual must have the output's shape {out.shape}, got {residual.shape}")
+    for name, v in (("x", x), ("u", u_), ("bias", bias), ("residual", residual), ("out", out)):
         if v is not None:
             check_view(be, v, name)
             if name != "out":
                 check_no_overlap(v, out, name)
     if out.size == 0:
         return []
-    windows = binding_windows(be, [x, u_, bias, out])
+    windows = binding_windows(be, [x, u_, bias, residual, out])
     if any(size > be.max_binding for _, size in windows.values()):
         raise NotImplementedError(f"wgpu Winograd conv: an operand needs more than max-storage-buffer-binding-size "
                                   f"({be.max_binding} bytes) of one buffer")
-    x, u_, bias, out = (rebase_view(v, windows) for v in (x, u_, bias, out))
+    x, u_, bias, residual, out = (rebase_view(v, windows) for v in (x, u_, bias, residual, out))
     tc, chunks = chunking(be, ws)
     tp = _round4(tc)
     a2 = ws.alpha ** 2
@@ -348,40 +378,46 @@ def record_conv_winograd(be: WgpuBackend, x: View, u_: View, bias: View | None, 
         cnt = min(tc, ws.t - t0)
         steps += _record_input(be, ws, x, v_buf, t0, cnt, tp, windows, types)
         steps += _record_gemm(be, ws, u_, v_buf, m_buf, cnt, tp, windows, types)
-        steps += _record_output(be, ws, m_buf, bias, out, act, t0, cnt, tp, windows, types)
+        steps += _record_output(be, ws, m_buf, bias, residual, out, act, t0, cnt, tp, windows, types)
     return steps
 
 
 # ---- the cost model -------------------------------------------------------------------------------------------------
-def _gemm_s(be: WgpuBackend, m: int, n: int, k: int, z: int, nbytes: float) -> float:
+def profile(be: WgpuBackend) -> CostProfile:
+    return SOFTWARE if be.adapter.info.get("adapter_type") == "CPU" else HARDWARE
+
+
+def _gemm_s(be: WgpuBackend, cp: CostProfile, m: int, n: int, k: int, z: int, nbytes: float) -> float:
     tile, _ = mm.plan_gemm(be, m, n, k, z)
     flops = 2.0 * z * math.ceil(m / tile.bm) * tile.bm * math.ceil(n / tile.bn) * tile.bn * k
-    return max(flops / GEMM_FLOPS, nbytes / MEMORY_BW) + LAUNCH_S
+    return max(flops / cp.gemm_flops, nbytes / cp.memory_bw) + cp.launch_s
 
 
-def estimate_s(be: WgpuBackend, n: int, c: int, k: int, p: int, q: int, itemsize: int, m: int | None) -> float:
-    """Roofline seconds of the conv: direct (m None: the implicit GEMM) or Winograd F(m, 3)."""
+def estimate_s(be: WgpuBackend, n: int, c: int, k: int, p: int, q: int, itemsize: int, m: int | None,
+               cp: CostProfile | None = None) -> float:
+    """Roofline seconds of a 3x3 stride-1 conv: direct (m None: the implicit GEMM) or Winograd F(m, 3)."""
+    cp = cp or profile(be)
     x_bytes, out_bytes = itemsize * n * c * (p + 2) * (q + 2), itemsize * n * k * p * q
     if m is None:
-        return _gemm_s(be, k, n * p * q, 9 * c, 1, x_bytes + out_bytes + itemsize * 9 * k * c)
+        return _gemm_s(be, cp, k, n * p * q, 9 * c, 1, x_bytes + out_bytes + itemsize * 9 * k * c)
     a2 = (m + 2) ** 2
     th, tw = wg.tiles(p, q, m)
     t = n * th * tw
     v_bytes, m_bytes = 4.0 * a2 * c * t, 4.0 * a2 * k * t
-    transforms = (x_bytes + v_bytes + m_bytes + out_bytes) / MEMORY_BW + 2 * LAUNCH_S
-    return transforms + _gemm_s(be, k, t, c, a2, itemsize * a2 * k * c + v_bytes + m_bytes)
+    transforms = (x_bytes + v_bytes + m_bytes + out_bytes) / cp.memory_bw + 2 * cp.launch_s
+    return transforms + _gemm_s(be, cp, k, t, c, a2, itemsize * a2 * k * c + v_bytes + m_bytes)
 
 
 def choose_tile(be: WgpuBackend, n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
     """WgpuBackend.winograd_tile: the F(m, 3) to run a 3x3 stride-1 conv with, or None for the direct conv."""
-    macs = n * p * q * c * k * 9
-    software = be.adapter.info.get("adapter_type") == "CPU"
-    if macs < (SOFTWARE_MIN_MACS if software else WINOGRAD_MIN_MACS) or min(c, k) < WINOGRAD_MIN_CHANNELS:
+    cp = profile(be)
+    if n * p * q * c * k * 9 < cp.min_macs or min(c, k) < WINOGRAD_MIN_CHANNELS:
         return None
     itemsize = np.dtype(dtype).itemsize
-    direct = estimate_s(be, n, c, k, p, q, itemsize, None)
-    best = min(wg.TILES, key=lambda m: estimate_s(be, n, c, k, p, q, itemsize, m))
-    if estimate_s(be, n, c, k, p, q, itemsize, best) * WINOGRAD_MIN_GAIN > direct:
+    direct = estimate_s(be, n, c, k, p, q, itemsize, None, cp)
+    tiles = AUTO_TILES["f16" if np.dtype(dtype) == np.float16 else "f32"]
+    best = min(tiles, key=lambda m: estimate_s(be, n, c, k, p, q, itemsize, m, cp))
+    if estimate_s(be, n, c, k, p, q, itemsize, best, cp) * cp.min_gain > direct:
         return None
     try:
         chunking(be, WinoShape(n, c, p + 2, q + 2, k, p, q, 1, 1, best))
