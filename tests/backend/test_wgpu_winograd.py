@@ -9,6 +9,8 @@ poisoned with NaN first, so an output a kernel forgets to write shows.
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -291,3 +293,17 @@ def test_winograd_tile_rule(wgpu_be: ember.ComputeBackend, monkeypatch: pytest.M
     monkeypatch.setattr(ww, "profile", lambda _be: ww.HARDWARE)
     assert ww.HARDWARE.min_macs > 1 * 56 * 56 * 64 * 64 * 9  # ResNet-18 batch 1 stays direct by default
     assert be.winograd_tile(1, 64, 64, 56, 56, F32) is None
+
+
+def test_scratch_freed_with_the_steps(be: ember.ComputeBackend, rng: np.random.Generator) -> None:
+    """V and M (and split-K partial sums) belong to the recorded steps: dropping them frees every buffer."""
+    from .test_leaks import gpu_buffers, live
+
+    x = rng.standard_normal((1, 256, 5, 5)).astype(np.float32)  # split-K products too
+    w = rng.standard_normal((16, 256, 3, 3)).astype(np.float32)
+    gc.collect()
+    before, buffers = live(be), gpu_buffers()
+    for m in wg.TILES:
+        run(be, x, w, None, (1, 1, 1, 1), m)
+    gc.collect()
+    assert live(be) == before and gpu_buffers() == buffers
