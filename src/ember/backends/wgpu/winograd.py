@@ -56,7 +56,7 @@ TRANSFORM_WORKGROUP = 128
 # multiply-adds (N*P*Q*C*K*9), both channel counts are at least WINOGRAD_MIN_CHANNELS, and the roofline estimate
 # (estimate_s) says the best F(m, 3) is WINOGRAD_MIN_GAIN times faster than the implicit-GEMM conv. ResNet-18's
 # 3x3 stride-1 convs do 116 M MACs each at batch 1 and 925 M at batch 8: the default threshold takes batch 8 and
-# leaves batch 1 to the direct kernel (three launches and two scratch round trips on ~10 us convs). Tune it on the
+# leaves batch 1 to the direct kernel (three launches and two scratch round trips on 15-22 us convs). Tune it on the
 # GPU with bench/bench_winograd.py (its "pick" column is what this rule chooses, "model ms" the estimate).
 WINOGRAD_MIN_MACS = 256 * 1000 * 1000
 WINOGRAD_MIN_CHANNELS = 32
