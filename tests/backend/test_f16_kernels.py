@@ -34,6 +34,10 @@ CASES = {
     "conv3x3_s2_bias_relu": ([("Conv", ["x", "w", "c"], {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
                               ("Relu", ["t0"], {})], {"x": (2, 5, 13, 11)}, {"w": (12, 5, 3, 3), "c": (12,)}, 17),
     "conv1x1": ([("Conv", ["x", "w"], {})], {"x": (2, 16, 7, 7)}, {"w": (24, 16, 1, 1)}, 17),
+    "conv3x3_winograd_f2": ([("Conv", ["x", "w", "c"], {"pads": [1, 0, 2, 1]}), ("Relu", ["t0"], {})],
+                            {"x": (2, 12, 11, 9)}, {"w": (16, 12, 3, 3), "c": (16,)}, 17),
+    "conv3x3_winograd_f4": ([("Conv", ["x", "w", "c"], {"pads": [1, 0, 2, 1]}), ("Relu", ["t0"], {})],
+                            {"x": (2, 12, 11, 9)}, {"w": (16, 12, 3, 3), "c": (16,)}, 17),
     "conv_depthwise": ([("Conv", ["x", "w"], {"group": 8, "pads": [1, 1, 1, 1]})], {"x": (1, 8, 9, 9)},
                        {"w": (8, 1, 3, 3)}, 17),
     "conv_grouped": ([("Conv", ["x", "w"], {"group": 2})], {"x": (1, 8, 6, 6)}, {"w": (6, 4, 3, 3)}, 17),
@@ -54,6 +58,12 @@ CASES = {
                    ("Div", ["t1", "d"], {}), ("Softmax", ["t2"], {"axis": -1}), ("MatMul", ["t3", "v"], {})],
                   {"q": (1, 2, 20, 16), "k": (1, 2, 20, 16), "v": (1, 2, 20, 16)}, {"d": ()}, 17),
 }
+
+# Cases run with EMBER_WINOGRAD forcing a Winograd tile (the f16 transformed filter U and f16 x / out around f32
+# scratch). F(4, 3)'s output transform amplifies U's f16 rounding (tests/backend/test_wgpu_winograd.py measures it:
+# 3-5e-3 of max|out|; winograd_tile never picks F(4, 3) for f16), so its bound on that term is looser.
+WINOGRAD = {"conv3x3_winograd_f2": "2", "conv3x3_winograd_f4": "4"}
+MAX_TERM = {"conv3x3_winograd_f4": 1.2e-2}
 
 
 def build(name: str, elem: int) -> tuple:
@@ -83,7 +93,9 @@ def build(name: str, elem: int) -> tuple:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_f16_kernel_matches_f32_reference(name: str) -> None:
+def test_f16_kernel_matches_f32_reference(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if name in WINOGRAD:
+        monkeypatch.setenv("EMBER_WINOGRAD", WINOGRAD[name])
     be = shared_backend("wgpu")
     be._require_init()
     m16, feeds = build(name, F16)
@@ -98,6 +110,8 @@ def test_f16_kernel_matches_f32_reference(name: str) -> None:
     got = model.run(feeds)["out"]
     assert got.dtype == np.float16 and got.shape == ref.shape
     err = np.abs(got.astype(np.float64) - ref)
-    tol = 1e-3 * np.abs(ref) + 2e-3 * float(np.abs(ref).max())
+    if name in WINOGRAD:
+        assert model.plan_info(feeds).get("conv.winograd") == 1
+    tol = 1e-3 * np.abs(ref) + MAX_TERM.get(name, 2e-3) * float(np.abs(ref).max())
     worst = int(np.argmax(err - tol))
     assert (err <= tol).all(), f"{name}: |ember - ORT| {err.flat[worst]:.3g} > {tol.flat[worst]:.3g} at {worst}"

@@ -165,7 +165,7 @@ def generator_version() -> str:
     cache written by other kernels is never trusted."""
     h = hashlib.sha1(GENERATOR_VERSION.encode())
     here = Path(__file__).resolve().parent
-    for f in ("matmul.py", "conv.py", "autotune.py", "kernels/splitk_reduce.wgsl"):
+    for f in ("matmul.py", "conv.py", "winograd.py", "autotune.py", "kernels/splitk_reduce.wgsl"):
         with contextlib.suppress(OSError):
             h.update((here / f).read_bytes())
     return f"{GENERATOR_VERSION}-{h.hexdigest()[:12]}"
@@ -436,7 +436,7 @@ def _entry_plan(be: WgpuBackend, entry: dict[str, Any], m: int, n: int, k: int, 
     return plan if plan_legal(be, plan, m, n, k, z) else None
 
 
-def _measure(be: WgpuBackend, key: str, cands: list[Plan], record: Callable[[Plan], list], out_handle: int,
+def _measure(be: WgpuBackend, key: str, cands: list[Plan], record: Callable[[Plan], list], out_handle: Any,
              windows: dict[int, tuple[int, int]] | None) -> list[float] | None:
     """Milliseconds per candidate (inf: it failed to build); None when timing itself failed."""
     runs = [record(cands[0])]  # the heuristic's plan: if it fails, so would the untuned path; let it raise
@@ -447,12 +447,15 @@ def _measure(be: WgpuBackend, key: str, cands: list[Plan], record: Callable[[Pla
             log.debug("autotune %s: candidate %s split %d failed: %s", key, c[0], c[1], e)
             runs.append([])
     kept = [i for i, r in enumerate(runs) if r]
-    window = (windows or {}).get(out_handle)
-    buf = be.buffer(out_handle)
+    if isinstance(out_handle, int):
+        window = (windows or {}).get(out_handle)
+        buf = be.buffer(out_handle)
+        preserve = (buf, *window) if window else (buf, 0, buf.size)
+    else:  # a scratch buffer of the caller's own (Winograd's products): its contents are rewritten every run
+        preserve = None
     software = be.adapter.info.get("adapter_type") == "CPU"
     try:
-        timed = time_candidates(be, [runs[i] for i in kept], (buf, *window) if window else (buf, 0, buf.size),
-                                CPU_REPS if software else REPS)
+        timed = time_candidates(be, [runs[i] for i in kept], preserve, CPU_REPS if software else REPS)
     except Exception as e:  # a driver failure while tuning must not fail the load: the heuristic still works
         warnings.warn(f"ember autotune: timing {key} failed ({type(e).__name__}: {e}); using the heuristic",
                       stacklevel=4)
@@ -463,7 +466,7 @@ def _measure(be: WgpuBackend, key: str, cands: list[Plan], record: Callable[[Pla
     return ms
 
 
-def choose(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handle: int,
+def choose(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handle: Any,
            make_a: Callable[[Bindings, Tile], Loader], make_b: Callable[[Bindings, Tile], Loader],
            windows: dict[int, tuple[int, int]] | None, record: Callable[[Plan], list],
            dtype: str | None = None, types: dict[Any, str] | None = None) -> Plan:

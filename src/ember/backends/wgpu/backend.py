@@ -568,6 +568,20 @@ class WgpuBackend(ComputeBackend):
 
         return record_conv(self, x, w, bias, out, stride, pads, dilation, groups, act, residual)
 
+    # Winograd F(2, 3) and F(4, 3) for 3x3 stride-1 convs (winograd.py: kernels, scratch, the cost model).
+    winograd_tiles = (2, 4)
+
+    def winograd_tile(self, n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
+        from .winograd import choose_tile
+
+        return choose_tile(self, n, c, k, p, q, dtype)
+
+    def record_conv_winograd(self, x: View, u: View, bias: View | None, out: View, pads: tuple[int, int, int, int],
+                             m: int, act: Expr | None = None, residual: View | None = None) -> list:
+        from .winograd import record_conv_winograd
+
+        return record_conv_winograd(self, x, u, bias, out, pads, m, act, residual)
+
     def record_reduce_axes(self, op: str, x: View, out: View, n_reduce: int) -> list:
         from .reduce import record_reduce_axes
 

@@ -117,7 +117,7 @@ def act_lines(act: Expr | None, value: str) -> tuple[list[str], str]:
 
 @dataclass
 class Binding:
-    handle: Any  # an allocation handle, or a GPUBuffer of the kernel's own (split-K partial sums)
+    handle: Any  # an allocation handle, or a GPUBuffer of the kernel's own (split-K partial sums, Winograd scratch)
     var: str
     vec4: bool = False  # declared as array<vec4<T>>
     storage: str = "f32"  # T: f32, or f16 (read as f32)
@@ -180,7 +180,7 @@ class Bindings:
 
     def comment(self) -> list[str]:
         def name(h: Any) -> str:
-            return f"allocation {h}" if isinstance(h, int) else "split-K partial sums"
+            return f"allocation {h}" if isinstance(h, int) else (getattr(h, "label", "") or "scratch buffer")
 
         lines = [f"//   binding {i}: {b.var}, {name(b.handle)}, read-only, array<{self._type(b)}>"
                  for i, b in enumerate(self.reads.values())]
@@ -604,7 +604,7 @@ LoaderFactory = Callable[[Bindings, Tile], Loader]
 EpilogueFactory = Callable[[Bindings, bool, bool], Epilogue]
 
 
-def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handle: int,
+def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handle: Any,
                        make_a: LoaderFactory, make_b: LoaderFactory, make_epilogue: EpilogueFactory,
                        notes: list[str], windows: dict[int, tuple[int, int]] | None = None,
                        types: dict[Any, str] | None = None, plan: tuple[Tile, int] | None = None) -> list:

@@ -1,0 +1,426 @@
+"""Winograd F(m x m, 3 x 3) convolution on the wgpu backend (ops/winograd.py has the algorithm and the layouts).
+
+Three kernels per chunk of tiles, one after the other in the stream:
+1. input transform (kernels/winograd_input.wgsl, body generated here): x (N, C, H, W) -> V (alpha^2, C, Tp), one
+   thread per (channel, tile); B^T d B unrolled with the matrices' literals (zeros skipped, +-1 as adds).
+2. alpha^2 batched products M[p] = U[p] @ V[p], (K x C) @ (C x T), through matmul.py's generated tiled kernel
+   (Z = alpha^2; its tile / split-K plan from plan_gemm or the autotuner, like every other GEMM).
+3. output transform (kernels/winograd_output.wgsl, body generated here): M (alpha^2, K, Tp) -> out (N, K, P, Q), one
+   thread per (output channel, tile): A^T M A, then the conv epilogue (bias, activation, the store in out's storage
+   type) for the outputs of the tile inside P x Q.
+
+V and M are f32 scratch buffers of the kernels' own (as split-K's partial sums are): alive while the recorded steps
+are. Their rows are padded to Tp = T rounded up to 4, so the GEMM reads V with aligned vec4 loads. A problem whose
+V or M would exceed the adapter's max storage-buffer binding size is cut into chunks of tiles along T, which run
+one after the other through the same scratch buffers.
+
+Every index is in range by construction (shapes baked in, host-side view checks, guarded window loads and edge
+stores), so the modules are trusted like the GEMM's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import wgpu
+
+from ...ops import winograd as wg
+from ..base import View
+from ..expr import Expr
+from . import matmul as mm
+from .backend import WgpuBackend, grid_1d
+from .elementwise import PRELUDE, float_literal
+from .matmul import (
+    Bindings,
+    Epilogue,
+    Loader,
+    Tile,
+    addr,
+    binding_windows,
+    check_no_overlap,
+    check_view,
+    rebase_view,
+    require_float,
+    strided_loader,
+    u,
+)
+
+TRANSFORM_WORKGROUP = 128
+
+# ---- when to take Winograd (WgpuBackend.winograd_tile) ----------------------------------------------------------
+# Hardware GPUs: a 3x3 stride-1 conv goes through Winograd when its direct form does at least WINOGRAD_MIN_MACS
+# multiply-adds (N*P*Q*C*K*9), both channel counts are at least WINOGRAD_MIN_CHANNELS, and the roofline estimate
+# (estimate_s) says the best F(m, 3) is WINOGRAD_MIN_GAIN times faster than the implicit-GEMM conv. ResNet-18's
+# 3x3 stride-1 convs do 116 M MACs each at batch 1 and 925 M at batch 8: the default threshold takes batch 8 and
+# leaves batch 1 to the direct kernel (three launches and two scratch round trips on 15-22 us convs). Tune it on the
+# GPU with bench/bench_winograd.py (its "pick" column is what this rule chooses, "model ms" the estimate).
+WINOGRAD_MIN_MACS = 256 * 1000 * 1000
+WINOGRAD_MIN_CHANNELS = 32
+WINOGRAD_MIN_GAIN = 1.15
+# Tiles the rule picks from per storage type. With f16 storage U arrives rounded to f16, and F(4, 3)'s output
+# transform (entries up to 8) amplifies that rounding: max error 3-5e-3 of max|out| on lavapipe (C = 12..256)
+# against 3-5e-4 for F(2, 3) and 2-3e-4 for the direct f16 conv. EMBER_WINOGRAD=4 still forces it.
+AUTO_TILES = {"f32": (2, 4), "f16": (2,)}
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """The roofline estimate's machine: each kernel takes max(flops / gemm_flops, bytes / memory_bw) + launch_s,
+    the GEMMs' flops counted over whole tiles (plan_gemm's), so a narrow product (batch 1 at 7x7: 4 tiles of
+    F(4,3) in a 64-wide GEMM tile) pays its waste."""
+
+    gemm_flops: float
+    memory_bw: float
+    launch_s: float
+    min_macs: int
+    min_gain: float
+
+
+# Rough H200-through-Vulkan figures: the generated kernel's 16-25 TFLOP/s on convs, ~3 TB/s achieved.
+HARDWARE = CostProfile(20e12, 3e12, 3e-6, WINOGRAD_MIN_MACS, WINOGRAD_MIN_GAIN)
+# Software adapters (lavapipe on 2 cores, bench_winograd.py): ~3 GFLOP/s in the GEMMs, ~1.5 GB/s in the
+# transforms; the model's tile-padded flops matched the measured ratios (b1: F(4,3) 2.7x faster at 64@56x56 and
+# 128@28x28, F(2,3) 2.3x at 256@14x14, direct 1.7x faster than F(2,3) at 512@7x7). Only clear wins there, and
+# only on convs big enough that a test's small layers keep running the direct kernels.
+SOFTWARE = CostProfile(3e9, 1.5e9, 50e-6, 50 * 1000 * 1000, 1.5)
+
+
+@dataclass(frozen=True)
+class WinoShape:
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    p: int
+    q: int
+    pt: int
+    pl: int
+    m: int
+
+    @property
+    def alpha(self) -> int:
+        return self.m + 2
+
+    @property
+    def tiles_hw(self) -> tuple[int, int]:
+        return wg.tiles(self.p, self.q, self.m)
+
+    @property
+    def t(self) -> int:
+        th, tw = self.tiles_hw
+        return self.n * th * tw
+
+
+def _round4(v: int) -> int:
+    return -(-v // 4) * 4
+
+
+def chunking(be: WgpuBackend, ws: WinoShape) -> tuple[int, int]:
+    """(tiles per chunk, chunks): the most tiles whose V (alpha^2 x C x Tp) and M (alpha^2 x K x Tp) f32 scratch
+    fit one storage binding, dealt out evenly over as few chunks as that allows."""
+    per_tile = 4 * ws.alpha ** 2 * max(ws.c, ws.k)
+    tp_max = be.max_binding // per_tile // 4 * 4
+    if tp_max < 4:
+        raise NotImplementedError(f"wgpu Winograd conv: {ws.alpha ** 2} x {max(ws.c, ws.k)} channels x 4 tiles of "
+                                  f"scratch exceed max-storage-buffer-binding-size ({be.max_binding} bytes)")
+    chunks = -(-ws.t // tp_max)
+    return -(-ws.t // chunks), chunks
+
+
+# ---- generated WGSL --------------------------------------------------------------------------------------------
+def _lin(coeffs: list, names: list[str]) -> str:
+    """WGSL for sum(c * name) with exact constant coefficients: zeros dropped, +-1 as adds and subtractions."""
+    terms = []
+    for c, name in zip(coeffs, names, strict=True):
+        c = Fraction(c)
+        if c == 0:
+            continue
+        mag = abs(c)
+        terms.append((c < 0, name if mag == 1 else f"{float_literal(float(mag))} * {name}"))
+    if not terms:
+        return "0.0"
+    neg, text = terms[0]
+    out = f"-{text}" if neg else text
+    for neg, t in terms[1:]:
+        out += f" - {t}" if neg else f" + {t}"
+    return out
+
+
+def _edge_guards(size: int, pad: int, tiles: int, m: int, alpha: int, var: str) -> list[str | None]:
+    """Per window row (or column) r, the WGSL condition that `var{r}` (= tile start + r) lies in [0, size), or None
+    where no tile can put it outside."""
+    conds: list[str | None] = []
+    for r in range(alpha):
+        lo, hi = r < pad, (tiles - 1) * m - pad + r >= size
+        conds.append(f"u32({var}{r}) < {u(size)}" if lo and hi else f"{var}{r} >= 0i" if lo
+                     else f"{var}{r} < {size}i" if hi else None)
+    return conds
+
+
+def _input_body(ws: WinoShape, binds: Bindings, x_handle: Any, tp: int) -> list[str]:
+    a = ws.alpha
+    bt, _, _ = wg.matrices(ws.m)
+    th, tw = ws.tiles_hw
+    rows = _edge_guards(ws.h, ws.pt, th, ws.m, a, "hr")
+    cols = _edge_guards(ws.w, ws.pl, tw, ws.m, a, "wc")
+    lines = []
+    for r in range(a):
+        if rows[r] is not None:
+            lines.append(f"    let hr{r} = h0 + {r}i;")
+        lines.append(f"    let xr{r} = xb + u32(h0 + {r}i) * {u(ws.w)};")  # wraps outside the input: unused there
+    for s in range(a):
+        if cols[s] is not None:
+            lines.append(f"    let wc{s} = w0 + {s}i;")
+        lines.append(f"    let xc{s} = u32(w0 + {s}i);")
+    for r in range(a):
+        for s in range(a):
+            load = binds.scalar(x_handle, f"xr{r} + xc{s}")
+            conds = [c for c in (rows[r], cols[s]) if c is not None]
+            if conds:
+                lines.append(f"    var d{r}_{s} = 0.0;")
+                lines.append(f"    if ({' && '.join(conds)}) {{ d{r}_{s} = {load}; }}")
+            else:
+                lines.append(f"    let d{r}_{s} = {load};")
+    # e = B^T d, then v = e B (B = (B^T)^T: v[i][j] = sum_s e[i][s] * B^T[j][s]).
+    for i in range(a):
+        for s in range(a):
+            lines.append(f"    let e{i}_{s} = {_lin(bt[i], [f'd{r}_{s}' for r in range(a)])};")
+    for i in range(a):
+        for j in range(a):
+            off = (i * a + j) * ws.c * tp
+            idx = "vb" if off == 0 else f"vb + {u(off)}"
+            lines.append(f"    out[{idx}] = {_lin(bt[j], [f'e{i}_{s}' for s in range(a)])};")
+    return lines
+
+
+def _output_body(ws: WinoShape, binds: Bindings, m_buf: Any, tp: int, residual: View | None) -> list[str]:
+    a, m = ws.alpha, ws.m
+    _, _, at = wg.matrices(m)
+    th, tw = ws.tiles_hw
+    lines = []
+    for p in range(a * a):
+        off = p * ws.k * tp
+        lines.append(f"    let m{p} = {binds.scalar(m_buf, 'mb' if off == 0 else f'mb + {u(off)}')};")
+    # f = A^T M, then y = f A.
+    for i in range(m):
+        for b in range(a):
+            lines.append(f"    let f{i}_{b} = {_lin(at[i], [f'm{r * a + b}' for r in range(a)])};")
+    for i in range(m):
+        for j in range(m):
+            lines.append(f"    let y{i}_{j} = {_lin(at[j], [f'f{i}_{b}' for b in range(a)])};")
+    for i in range(m):
+        if i >= ws.p:
+            continue  # no tile's row i is inside the output
+        for j in range(m):
+            if j >= ws.q:
+                continue
+            conds = []
+            if (th - 1) * m + i >= ws.p:
+                conds.append(f"oh < {u(ws.p - i)}")
+            if (tw - 1) * m + j >= ws.q:
+                conds.append(f"ow < {u(ws.q - j)}")
+            pix = "pix" if i * ws.q + j == 0 else f"pix + {u(i * ws.q + j)}"
+            acc = f"y{i}_{j}"
+            if residual is not None:
+                s0, s1, s2, s3 = residual.strides
+                idx = addr(residual.offset, [("img", s0), ("k", s1), (f"(oh + {u(i)})", s2), (f"(ow + {u(j)})", s3)])
+                acc += f" + {binds.scalar(residual.handle, idx)}"
+            call = f"epi({acc}, img, k, {pix});"
+            lines.append(f"    if ({' && '.join(conds)}) {{ {call} }}" if conds else f"    {call}")
+    return lines
+
+
+def _coords(ws: WinoShape, t0: int, tc: int, tp: int) -> dict[str, str]:
+    th, tw = ws.tiles_hw
+    return dict(TC=u(tc), T0=u(t0), TW=u(tw), TH=u(th), M=u(ws.m), TP=u(tp))
+
+
+def _record_input(be: WgpuBackend, ws: WinoShape, x: View, v_buf: Any, t0: int, tc: int, tp: int,
+                  windows: dict, types: dict) -> list:
+    binds = Bindings(v_buf, windows, types)
+    binds.add(x.handle, False)
+    total = ws.c * tc
+    grid = grid_1d(math.ceil(total / TRANSFORM_WORKGROUP))
+    th, tw = ws.tiles_hw
+    header = "\n".join([
+        f"// ember Winograd F({ws.m}x{ws.m}, 3x3) input transform: x {(ws.n, ws.c, ws.h, ws.w)}, pads top/left "
+        f"{(ws.pt, ws.pl)}, {th}x{tw} tiles per image; tiles [{t0}, {t0 + tc}) of {ws.t} -> V ({ws.alpha ** 2}, "
+        f"{ws.c}, {tp})",
+        "// Bindings (group 0):", *binds.comment(),
+        f"// Dispatch grid: {grid} = ceil({total} (channel, tile) threads / {TRANSFORM_WORKGROUP}) workgroups "
+        "spread over x, y"])
+    src = be.kernel_source(
+        "winograd_input", HEADER=header, BINDINGS="\n".join(binds.declarations()), WORKGROUP=TRANSFORM_WORKGROUP,
+        TOTAL=u(total), PT=f"{ws.pt}i", PL=f"{ws.pl}i",
+        XBASE=addr(x.offset, [("img", ws.c * ws.h * ws.w), ("c", ws.h * ws.w)]),
+        BODY="\n".join(_input_body(ws, binds, x.handle, tp)), **_coords(ws, t0, tc, tp))
+    label = f"winograd_input:F{ws.m}"
+    return [be.dispatch(be.pipeline(label, src), binds.buffers(), grid, label)]
+
+
+def _record_gemm(be: WgpuBackend, ws: WinoShape, uv: View, v_buf: Any, m_buf: Any, tc: int, tp: int,
+                 windows: dict, types: dict) -> list:
+    z, k, c = ws.alpha ** 2, ws.k, ws.c
+
+    def make_a(binds: Bindings, tile: Tile) -> Loader:  # U[z] (K x C), row-major
+        return strided_loader("a", tile.bm, binds, uv.handle, uv.offset, k * c, c, 1, k, c, z)
+
+    def make_b(binds: Bindings, tile: Tile) -> Loader:  # V[z] (C x T), rows Tp apart
+        return strided_loader("b", tile.bn, binds, v_buf, 0, c * tp, 1, tp, tc, c, z)
+
+    def make_epilogue(binds: Bindings, guard_m: bool, guard_n: bool) -> Epilogue:
+        conds = ([f"m >= {u(k)}"] if guard_m else []) + ([f"n >= {u(tc)}"] if guard_n else [])
+        return Epilogue(f"z * {u(k * tp)} + m * {u(tp)} + n", guard=" || ".join(conds) or None)
+
+    notes = [f"Winograd F({ws.m}x{ws.m}, 3x3) products M[p] = U[p] @ V[p], p < {z}: U ({z}, {k}, {c}), "
+             f"V and M rows {tp} apart"]
+    return mm.record_gemm_kernel(be, "winograd_gemm", k, tc, c, z, m_buf, make_a, make_b, make_epilogue, notes,
+                                 windows, types)
+
+
+def _record_output(be: WgpuBackend, ws: WinoShape, m_buf: Any, bias: View | None, residual: View | None, out: View,
+                   act: Expr | None, t0: int, tc: int, tp: int, windows: dict, types: dict) -> list:
+    binds = Bindings(out.handle, windows, types)
+    binds.add(m_buf, False)
+    if residual is not None:
+        binds.add(residual.handle, False)
+    pq = ws.p * ws.q
+    ep = Epilogue(addr(out.offset, [("z", ws.k * pq), ("m", pq), ("n", 1)]), act=act)
+    if bias is not None:
+        binds.add(bias.handle, False)
+        ep.bias_index = addr(bias.offset, [("m", bias.strides[0])])
+        ep.bias_handle = bias.handle
+    total = ws.k * tc
+    grid = grid_1d(math.ceil(total / TRANSFORM_WORKGROUP))
+    header = "\n".join([
+        f"// ember Winograd F({ws.m}x{ws.m}, 3x3) output transform: M ({ws.alpha ** 2}, {ws.k}, {tp}), tiles "
+        f"[{t0}, {t0 + tc}) of {ws.t} -> out {(ws.n, ws.k, ws.p, ws.q)}"
+        + (", + bias" if bias is not None else "") + (", + residual" if residual is not None else "")
+        + (", activation" if act is not None else ""),
+        "// Bindings (group 0):", *binds.comment(),
+        f"// Dispatch grid: {grid} = ceil({total} (channel, tile) threads / {TRANSFORM_WORKGROUP}) workgroups "
+        "spread over x, y"])
+    src = be.kernel_source(
+        "winograd_output", HEADER=header, PRELUDE=PRELUDE, BINDINGS="\n".join(binds.declarations()),
+        EPILOGUE=ep.function(binds), WORKGROUP=TRANSFORM_WORKGROUP, TOTAL=u(total), Q=u(ws.q),
+        BODY="\n".join(_output_body(ws, binds, m_buf, tp, residual)), **_coords(ws, t0, tc, tp))
+    label = f"winograd_output:F{ws.m}"
+    return [be.dispatch(be.pipeline(label, src), binds.buffers(), grid, label)]
+
+
+# ---- entry points -------------------------------------------------------------------------------------------------
+def winograd_shape(x: View, u_: View, bias: View | None, out: View, pads: tuple[int, int, int, int],
+                   m: int) -> WinoShape:
+    if m not in wg.TILES:
+        raise ValueError(f"Winograd conv: m={m}; the wgpu backend implements F(m, 3) for m in {wg.TILES}")
+    for name, v, rank in (("x", x, 4), ("u", u_, 3), ("out", out, 4)):
+        if len(v.shape) != rank:
+            raise ValueError(f"Winograd conv: {name} must be {rank}-D, got shape {v.shape}")
+        if not v.is_contiguous():
+            raise ValueError(f"Winograd conv: {name} must be a contiguous view, got strides {v.strides} for shape "
+                             f"{v.shape}")
+    n, c, h, w = x.shape
+    a2, k, cu = u_.shape
+    if a2 != (m + 2) ** 2 or cu != c:
+        raise ValueError(f"Winograd conv: u must be ({(m + 2) ** 2}, K, {c}) for F({m}, 3) on {c} channels, got "
+                         f"{u_.shape}")
+    pt, pl, pb, pr = (int(v) for v in pads)
+    if min(pt, pl, pb, pr) < 0:
+        raise ValueError(f"Winograd conv: negative pads {pads}")
+    p, q = h + pt + pb - 2, w + pl + pr - 2
+    if p < 1 or q < 1:
+        raise ValueError(f"Winograd conv: a 3x3 filter is larger than the padded input {(h + pt + pb, w + pl + pr)}")
+    if out.shape != (n, k, p, q):
+        raise ValueError(f"Winograd conv: out shape {out.shape}, expected {(n, k, p, q)}")
+    if bias is not None and (len(bias.shape) != 1 or bias.shape[0] != k):
+        raise ValueError(f"Winograd conv: bias must have shape ({k},), got {bias.shape}")
+    return WinoShape(n, c, h, w, k, p, q, pt, pl, m)
+
+
+def record_conv_winograd(be: WgpuBackend, x: View, u_: View, bias: View | None, out: View,
+                         pads: tuple[int, int, int, int], m: int, act: Expr | None = None,
+                         residual: View | None = None) -> list:
+    """out = act(conv3x3(x) + bias + residual) by Winograd F(m, 3). `residual` (a residual connection): a View of
+    out's shape (any non-overlapping strides, broadcast included), added before the activation, as conv.py's
+    epilogue does."""
+    types = require_float("Winograd conv", x=x, u=u_, bias=bias, out=out, residual=residual)
+    ws = winograd_shape(x, u_, bias, out, pads, m)
+    if residual is not None and residual.shape != out.shape:
+        raise ValueError(f"Winograd conv: residual must have the output's shape {out.shape}, got {residual.shape}")
+    for name, v in (("x", x), ("u", u_), ("bias", bias), ("residual", residual), ("out", out)):
+        if v is not None:
+            check_view(be, v, name)
+            if name != "out":
+                check_no_overlap(v, out, name)
+    if out.size == 0:
+        return []
+    windows = binding_windows(be, [x, u_, bias, residual, out])
+    if any(size > be.max_binding for _, size in windows.values()):
+        raise NotImplementedError(f"wgpu Winograd conv: an operand needs more than max-storage-buffer-binding-size "
+                                  f"({be.max_binding} bytes) of one buffer")
+    x, u_, bias, residual, out = (rebase_view(v, windows) for v in (x, u_, bias, residual, out))
+    tc, chunks = chunking(be, ws)
+    tp = _round4(tc)
+    a2 = ws.alpha ** 2
+    usage = wgpu.BufferUsage.STORAGE
+    v_buf = be.device.create_buffer(size=_round4(a2 * ws.c * tp) * 4, usage=usage,
+                                    label=f"Winograd F({m},3) transformed input")
+    m_buf = be.device.create_buffer(size=_round4(a2 * ws.k * tp) * 4, usage=usage,
+                                    label=f"Winograd F({m},3) products")
+    steps = []
+    for i in range(chunks):
+        t0 = i * tc
+        cnt = min(tc, ws.t - t0)
+        steps += _record_input(be, ws, x, v_buf, t0, cnt, tp, windows, types)
+        steps += _record_gemm(be, ws, u_, v_buf, m_buf, cnt, tp, windows, types)
+        steps += _record_output(be, ws, m_buf, bias, residual, out, act, t0, cnt, tp, windows, types)
+    return steps
+
+
+# ---- the cost model -------------------------------------------------------------------------------------------------
+def profile(be: WgpuBackend) -> CostProfile:
+    return SOFTWARE if be.adapter.info.get("adapter_type") == "CPU" else HARDWARE
+
+
+def _gemm_s(be: WgpuBackend, cp: CostProfile, m: int, n: int, k: int, z: int, nbytes: float) -> float:
+    tile, _ = mm.plan_gemm(be, m, n, k, z)
+    flops = 2.0 * z * math.ceil(m / tile.bm) * tile.bm * math.ceil(n / tile.bn) * tile.bn * k
+    return max(flops / cp.gemm_flops, nbytes / cp.memory_bw) + cp.launch_s
+
+
+def estimate_s(be: WgpuBackend, n: int, c: int, k: int, p: int, q: int, itemsize: int, m: int | None,
+               cp: CostProfile | None = None) -> float:
+    """Roofline seconds of a 3x3 stride-1 conv: direct (m None: the implicit GEMM) or Winograd F(m, 3)."""
+    cp = cp or profile(be)
+    x_bytes, out_bytes = itemsize * n * c * (p + 2) * (q + 2), itemsize * n * k * p * q
+    if m is None:
+        return _gemm_s(be, cp, k, n * p * q, 9 * c, 1, x_bytes + out_bytes + itemsize * 9 * k * c)
+    a2 = (m + 2) ** 2
+    th, tw = wg.tiles(p, q, m)
+    t = n * th * tw
+    v_bytes, m_bytes = 4.0 * a2 * c * t, 4.0 * a2 * k * t
+    transforms = (x_bytes + v_bytes + m_bytes + out_bytes) / cp.memory_bw + 2 * cp.launch_s
+    return transforms + _gemm_s(be, cp, k, t, c, a2, itemsize * a2 * k * c + v_bytes + m_bytes)
+
+
+def choose_tile(be: WgpuBackend, n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
+    """WgpuBackend.winograd_tile: the F(m, 3) to run a 3x3 stride-1 conv with, or None for the direct conv."""
+    cp = profile(be)
+    if n * p * q * c * k * 9 < cp.min_macs or min(c, k) < WINOGRAD_MIN_CHANNELS:
+        return None
+    itemsize = np.dtype(dtype).itemsize
+    direct = estimate_s(be, n, c, k, p, q, itemsize, None, cp)
+    tiles = AUTO_TILES["f16" if np.dtype(dtype) == np.float16 else "f32"]
+    best = min(tiles, key=lambda m: estimate_s(be, n, c, k, p, q, itemsize, m, cp))
+    if estimate_s(be, n, c, k, p, q, itemsize, best, cp) * cp.min_gain > direct:
+        return None
+    try:
+        chunking(be, WinoShape(n, c, p + 2, q + 2, k, p, q, 1, 1, best))
+    except NotImplementedError:
+        return None
+    return best
