@@ -490,9 +490,10 @@ class ComputeBackend(ABC):
         return None
 
     def record_conv_winograd(self, x: View, u: View, bias: View | None, out: View, pads: tuple[int, int, int, int],
-                             m: int, act: Any = None) -> list:
-        """out = act(conv3x3(x) + bias) by Winograd F(m, 3): x (N, C, H, W), u the transformed filter
-        (alpha^2, K, C) from ops/winograd.transform_weights, out (N, K, P, Q), pads (top, left, bottom, right)."""
+                             m: int, act: Any = None, residual: View | None = None) -> list:
+        """out = act(conv3x3(x) + bias + residual) by Winograd F(m, 3): x (N, C, H, W), u the transformed filter
+        (alpha^2, K, C) from ops/winograd.transform_weights, out (N, K, P, Q), pads (top, left, bottom, right);
+        `residual` only where `conv_residual` says so."""
         raise NotImplementedError(f"{type(self).__name__} has no Winograd convolution")
 
     @abstractmethod

@@ -75,10 +75,13 @@ class Conv(Op):
             pads4 = (pads[0], pads[1], pads[2], pads[3])
             ctx.count("conv.winograd")
 
-            def record_wino(out: View, act: Expr | None, _bias: View | None = None) -> list:
-                return ctx.backend.record_conv_winograd(xv, u, bias, out, pads4, m, act)
+            def record_wino(out: View, act: Expr | None, residual: View | None = None) -> list:
+                o4 = View.contiguous(out.handle, out.dtype, out_shape, out.offset)
+                kw = {"residual": conv_residual(ctx, residual, out_shape)} if residual is not None else {}
+                return ctx.backend.record_conv_winograd(xv, u, bias, o4, pads4, m, act, **kw)
 
-            return [anchored(ctx, x.dtype, out_shape, record_wino, [xv, u, bias])]
+            return [anchored(ctx, x.dtype, out_shape, record_wino, [xv, u, bias],
+                             takes_bias=ctx.backend.conv_residual)]
         xv, wv = ctx.contiguous(to_2d(ctx, x)), ctx.contiguous(to_2d(ctx, w))
         bias = ctx.contiguous(b) if b is not None else None
 
