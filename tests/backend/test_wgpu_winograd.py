@@ -295,8 +295,32 @@ def test_winograd_tile_rule(wgpu_be: ember.ComputeBackend, monkeypatch: pytest.M
     assert be.winograd_tile(1, 64, 64, 56, 56, F32) is None
 
 
+def test_scratch_shared_between_convs(be: ember.ComputeBackend, rng: np.random.Generator) -> None:
+    """Convs recorded one after another share V, M and the split-K partial sums (backend.scratch): the second,
+    no bigger, creates no buffer; both still compute their own results when run in one stream."""
+    from .test_leaks import gpu_buffers
+
+    xs = [rng.standard_normal((1, 256, 5, 5)).astype(np.float32) for _ in range(2)]
+    ws = [rng.standard_normal((16, 256, 3, 3)).astype(np.float32) for _ in range(2)]
+    hx = [put(be, x) for x in xs]
+    hu = [put(be, wg.transform_weights(w, 2)) for w in ws]
+    outs = [put(be, np.full((1, 16, 5, 5), np.nan)) for _ in range(2)]
+    try:
+        first = be.record_conv_winograd(hx[0], hu[0], None, outs[0], (1, 1, 1, 1), 2)
+        count = gpu_buffers()
+        second = be.record_conv_winograd(hx[1], hu[1], None, outs[1], (1, 1, 1, 1), 2)
+        assert gpu_buffers() == count
+        be.execute(first + second)
+        for x, w, o in zip(xs, ws, outs, strict=True):
+            ref = oracle(x, w, None, (1, 1, 1, 1))
+            assert rel(whole(be, o, 0).reshape(ref.shape), ref) <= 1e-5
+    finally:
+        for v in [*hx, *hu, *outs]:
+            be.free(v.handle)
+
+
 def test_scratch_freed_with_the_steps(be: ember.ComputeBackend, rng: np.random.Generator) -> None:
-    """V and M (and split-K partial sums) belong to the recorded steps: dropping them frees every buffer."""
+    """V and M (and split-K partial sums) live while recorded steps use them: dropping the steps frees them."""
     from .test_leaks import gpu_buffers, live
 
     x = rng.standard_normal((1, 256, 5, 5)).astype(np.float32)  # split-K products too

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import wgpu
 
 from ..base import View
 from ..expr import FLOAT, Expr
@@ -626,8 +625,7 @@ def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: in
         return GemmProblem(name, tile, m, n, k, z, la, lb, ep, binds, notes=notes).record(be)
     # Split K: partial sums part[s, z, m, n] in a buffer of the kernel's own, then out = epi(sum over s).
     total = z * m * n
-    scratch = be.device.create_buffer(size=-(-splits * total * 4 // 16) * 16, usage=wgpu.BufferUsage.STORAGE,
-                                      label=f"{name} split-K partial sums")
+    scratch = be.scratch("split-K partial sums", splits * total * 4)
     binds = Bindings(scratch, windows, types)  # partial sums stay f32
     la, lb = make_a(binds, tile), make_b(binds, tile)
     conds = ([f"m >= {u(m)}"] if guard_m else []) + ([f"n >= {u(n)}"] if guard_n else [])

@@ -26,7 +26,6 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-import wgpu
 
 from ...ops import winograd as wg
 from ..base import View
@@ -367,11 +366,8 @@ def record_conv_winograd(be: WgpuBackend, x: View, u_: View, bias: View | None, 
     tc, chunks = chunking(be, ws)
     tp = _round4(tc)
     a2 = ws.alpha ** 2
-    usage = wgpu.BufferUsage.STORAGE
-    v_buf = be.device.create_buffer(size=_round4(a2 * ws.c * tp) * 4, usage=usage,
-                                    label=f"Winograd F({m},3) transformed input")
-    m_buf = be.device.create_buffer(size=_round4(a2 * ws.k * tp) * 4, usage=usage,
-                                    label=f"Winograd F({m},3) products")
+    v_buf = be.scratch("Winograd transformed input", _round4(a2 * ws.c * tp) * 4)
+    m_buf = be.scratch("Winograd products", _round4(a2 * ws.k * tp) * 4)
     steps = []
     for i in range(chunks):
         t0 = i * tc
