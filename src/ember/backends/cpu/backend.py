@@ -18,7 +18,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..base import ComputeBackend, OutOfMemoryError, View
 from ..expr import Expr, eval_numpy
-from . import parallel
+from . import parallel, winograd
 from .inplace import compile_inplace
 
 Step = Callable[[], None]
@@ -246,6 +246,32 @@ class CpuBackend(ComputeBackend):
                 buf = scratch.buf if scratch is not None else None
                 if bound[1] is None or bound[0] is not buf:  # first run, or the scratch grew since
                     bound[:] = [buf, build(buf)]
+                for part in bound[1]:
+                    part()
+
+        return [step]
+
+    winograd_tiles = (2, 4)
+
+    def winograd_tile(self, n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
+        return winograd.choose(n, c, k, p, q, dtype)
+
+    def record_conv_winograd(self, x: View, u: View, bias: View | None, out: View, pads: tuple[int, int, int, int],
+                             m: int, act: Expr | None = None) -> list[Step]:
+        xv, uv, dst = self.array(x), self.array(u), self.array(out)
+        bv = self.array(bias) if bias is not None else None
+        lay = winograd.Layout(x.shape, out.shape[1], out.shape[2:], pads, m)
+        # The transforms' buffers live in the shared scratch, as im2col's do (in cache from one conv to the next).
+        scratch = self._scratch
+        scratch.reserve(lay.elems * 4)
+        bound: list[Any] = [None, None]  # the scratch buffer the parts were built on, the parts
+
+        def step() -> None:
+            with scratch.lock:
+                buf = scratch.buf
+                if bound[0] is not buf:  # first run, or the scratch grew since
+                    bound[:] = [buf, winograd.build(lay, xv, uv, bv, dst, buf[:lay.elems * 4].view(np.float32),
+                                                    functools.partial(_epilogue, act))]
                 for part in bound[1]:
                     part()
 

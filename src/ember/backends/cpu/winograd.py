@@ -1,0 +1,224 @@
+"""Winograd F(m, 3) convolution on the cpu backend: the layouts and algorithm of ember.ops.winograd, in numpy.
+
+Per run, over all tiles at once:
+1. the input, padded, is copied into scratch (channels first: xp (C, N, Hp, Wp), Hp = tiles_h*m + 2);
+2. B^T d B, separable: the rows of every tile (a handful of slice adds and subtracts over the strided rows
+   i, i + m, i + 2m, ... of xp), then the columns, landing in V (alpha^2, C, N*tiles_h*tiles_w);
+3. alpha^2 BLAS products M[p] = U[p] @ V[p], one batched np.matmul;
+4. the bias, added once per tile (to M[1, 1], which A^T . A spreads over the whole output tile with weight 1);
+5. A^T M A, separable again: rows into Z, then columns written straight into the output (through a scratch
+   tile grid where the output is not a whole number of tiles), then the activation in place.
+
+Every buffer is a view of the backend's shared scratch made at record time; the transforms are precompiled
+into lists of ufunc calls with their `out=` targets, so a run allocates nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ...ops import winograd
+
+Step = Callable[[], None]
+Prog = list[tuple[Any, tuple, np.ndarray]]  # (ufunc, args, out)
+
+
+def input_transform(m: int, d: list[np.ndarray], r: list[np.ndarray], tmp: list[np.ndarray]) -> Prog:
+    """Ufunc calls computing r = B^T d along one axis (d: alpha input rows, r: alpha outputs, tmp: 2 temporaries
+    of their shape; no r may alias a d)."""
+    add, sub, mul = np.add, np.subtract, np.multiply
+    if m == 2:  # B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]
+        return [(sub, (d[0], d[2]), r[0]), (add, (d[1], d[2]), r[1]), (sub, (d[2], d[1]), r[2]),
+                (sub, (d[1], d[3]), r[3])]
+    if m == 4:
+        # r0 = 4d0 - 5d2 + d4            r3 = (d4 - d2) + 2(d3 - d1)     r5 = 4d1 - 5d3 + d5
+        # r1 = (d4 - 4d2) + (d3 - 4d1)   r4 = (d4 - d2) - 2(d3 - d1)
+        # r2 = (d4 - 4d2) - (d3 - 4d1)
+        a, b = tmp
+        four, two = np.float32(4), np.float32(2)
+        return [(mul, (d[2], four), a), (sub, (d[4], a), a), (mul, (d[1], four), b), (sub, (d[3], b), b),
+                (add, (a, b), r[1]), (sub, (a, b), r[2]),
+                (sub, (d[4], d[2]), a), (sub, (d[3], d[1]), b), (mul, (b, two), b),
+                (add, (a, b), r[3]), (sub, (a, b), r[4]),
+                (sub, (d[0], d[2]), r[0]), (mul, (r[0], four), r[0]), (add, (r[0], a), r[0]),
+                (sub, (d[1], d[3]), r[5]), (mul, (r[5], four), r[5]), (sub, (d[5], d[3]), a), (add, (r[5], a), r[5])]
+    raise ValueError(f"no cpu Winograd transforms for F({m}, 3)")
+
+
+def output_transform(m: int, s: list[np.ndarray], y: list[np.ndarray], tmp: list[np.ndarray]) -> Prog:
+    """Ufunc calls computing y = A^T s along one axis (s: alpha rows, y: m outputs, tmp: 4 temporaries)."""
+    add, sub, mul = np.add, np.subtract, np.multiply
+    if m == 2:  # A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]
+        return [(add, (s[0], s[1]), y[0]), (add, (y[0], s[2]), y[0]), (sub, (s[1], s[2]), y[1]),
+                (sub, (y[1], s[3]), y[1])]
+    if m == 4:
+        # a = s1 + s2, b = s1 - s2, c = s3 + s4, d = s3 - s4:
+        # y0 = s0 + a + c, y1 = b + 2d, y2 = a + 4c, y3 = b + 8d + s5
+        a, b, c, d = tmp
+        return [(add, (s[1], s[2]), a), (sub, (s[1], s[2]), b), (add, (s[3], s[4]), c), (sub, (s[3], s[4]), d),
+                (add, (s[0], a), y[0]), (add, (y[0], c), y[0]),
+                (mul, (c, np.float32(4)), c), (add, (a, c), y[2]),
+                (mul, (d, np.float32(2)), a), (add, (b, a), y[1]),
+                (mul, (d, np.float32(8)), d), (add, (b, d), y[3]), (add, (y[3], s[5]), y[3])]
+    raise ValueError(f"no cpu Winograd transforms for F({m}, 3)")
+
+
+class Layout:
+    """Sizes of one Winograd conv and where its buffers lie in the scratch (float32 element offsets).
+
+    Tiles are computed over a grid of (tiles_h + 1) x (tiles_w + 1) per image, one more than the output needs:
+    a tile's alpha = m + 2 rows span two rows of the input split by phase (row = g*m + phase), so with that
+    extra row and column every transform step is one ufunc over a flat, contiguous run (shifted by 0 or 1
+    grid position), and the extra tiles (garbage, never read back) cost less than short strided loops would.
+    """
+
+    def __init__(self, xshape: tuple[int, ...], k: int, out_hw: tuple[int, int], pads: tuple[int, int, int, int],
+                 m: int) -> None:
+        n, c, h, w = xshape
+        p, q = out_hw
+        th, tw = winograd.tiles(p, q, m)
+        a = m + 2
+        self.n, self.c, self.h, self.w, self.k, self.p, self.q, self.m, self.a = n, c, h, w, k, p, q, m, a
+        self.th, self.tw = th, tw
+        self.hq, self.wq = th + 1, tw + 1
+        self.g = n * self.hq * self.wq  # grid positions per channel
+        self.pads = pads
+        cg, kg = c * self.g, k * self.g
+        self.offsets: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
+        self.elems = 0
+        # xq and cols die once v is made; v once the products ran; z and y reuse their space where they fit.
+        self._place("xq", m * m * cg)  # the padded input split by row and column phase (cph, rph, C, N, Hq, Wq)
+        self._place("cols", a * m * cg)  # B^T along columns: (nu, rph, C, N, Hq, Wq)
+        self._place("v", a * a * cg)  # (alpha^2, C, G)
+        self._place("m", a * a * kg)  # (alpha^2, K, G)
+        self._place("z", m * a * kg, reuse="v")  # A^T along rows: (i, nu, K, G)
+        self._place("y", m * m * kg, reuse="xq")  # the output tiles: (i, j, K, N, Hq, Wq)
+        self._place("tmp", 4 * max(m * cg, a * cg, a * kg, m * kg))
+
+    def _place(self, name: str, size: int, reuse: str | None = None) -> None:
+        if reuse is not None and size <= self._room(reuse):
+            self.offsets[name] = self.offsets[reuse]
+        else:
+            self.offsets[name] = self.elems
+            self.elems += -(-size // 16) * 16  # 64-byte aligned blocks
+        self.sizes[name] = size
+
+    def _room(self, name: str) -> int:
+        """Elements from `name`'s offset to the next buffer placed after it (xq runs on into cols)."""
+        start = self.offsets[name]
+        later = [o for o in self.offsets.values() if o > start]
+        return (min(later) if later else self.elems) - start
+
+    def take(self, buf: np.ndarray, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        o = self.offsets[name]
+        assert math.prod(shape) <= self.sizes[name]
+        return buf[o:o + math.prod(shape)].reshape(shape)
+
+
+def _phase_span(phase: int, m: int, pad: int, size: int, grid: int) -> tuple[int, int]:
+    """Grid positions [lo, hi) whose padded coordinate g*m + phase holds input (g*m + phase - pad in [0, size))."""
+    lo = max(0, -(-(pad - phase) // m))
+    hi = min(grid, (size - 1 + pad - phase) // m + 1)
+    return lo, max(lo, hi)
+
+
+def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, dst: np.ndarray, buf: np.ndarray,
+          epilogue: Callable[[np.ndarray], Step | None]) -> list[Step]:
+    """The steps of one conv over the scratch `buf` (float32 elements): xv (N, C, H, W), uv (alpha^2, K, C),
+    bv (K,) or None, dst (N, K, P, Q); `epilogue(out)` makes the activation step over `out` (or None)."""
+    n, c, k, m, a = lay.n, lay.c, lay.k, lay.m, lay.a
+    hq, wq, g = lay.hq, lay.wq, lay.g
+    top, left = lay.pads[0], lay.pads[1]
+    cg, kg = c * g, k * g
+    tmp_flat = lay.take(buf, "tmp", (lay.sizes["tmp"],))
+    quarter = lay.sizes["tmp"] // 4
+
+    def temps(shape: tuple[int, ...], count: int) -> list[np.ndarray]:
+        size = math.prod(shape)
+        return [tmp_flat[i * quarter: i * quarter + size].reshape(shape) for i in range(count)]
+
+    # 1. The padded input by phases: xq[cph, rph, c, n, gr, gc] = x[n, c, gr*m + rph - top, gc*m + cph - left].
+    xq = lay.take(buf, "xq", (m, m, c, n, hq, wq))
+    src = xv.transpose(1, 0, 2, 3)
+    copies, zeros = [], []
+    for rph in range(m):
+        r0, r1 = _phase_span(rph, m, top, lay.h, hq)
+        for cph in range(m):
+            c0, c1 = _phase_span(cph, m, left, lay.w, wq)
+            plane = xq[cph, rph]
+            if r1 > r0 and c1 > c0:
+                sr, sc = r0 * m + rph - top, c0 * m + cph - left
+                copies.append((plane[:, :, r0:r1, c0:c1], src[:, :, sr:sr + (r1 - r0 - 1) * m + 1:m,
+                                                             sc:sc + (c1 - c0 - 1) * m + 1:m]))
+                strips = (plane[:, :, :r0], plane[:, :, r1:], plane[:, :, r0:r1, :c0], plane[:, :, r0:r1, c1:])
+            else:
+                strips = (plane,)
+            zeros += [z for z in strips if z.size]
+    # 2. B^T along columns: tile column gc reads grid columns gc (phases 0..m-1) and gc + 1 (phases 0, 1), so
+    # each input is the phase plane shifted by 0 or 1 element; the last element (a garbage column) stays unset.
+    xqf = xq.reshape(m, m * cg)
+    cols = lay.take(buf, "cols", (a, m * cg))
+    span = m * cg - 1
+    prog = input_transform(m, [xqf[j % m, j // m: j // m + span] for j in range(a)], [r[:span] for r in cols],
+                           temps((span,), 2))
+    zeros.append(cols[:, span:])
+    # 3. B^T along rows, the same way one grid row (wq elements) apart.
+    colsr = cols.reshape(a, m, cg)
+    v = lay.take(buf, "v", (a * a, c, g))
+    vr = v.reshape(a, a, cg)
+    span = cg - wq
+    prog += input_transform(m, [colsr[:, i % m, (i // m) * wq: (i // m) * wq + span] for i in range(a)],
+                            [vr[xi, :, :span] for xi in range(a)], temps((a, span), 2))
+    zeros.append(vr[:, :, span:])  # garbage tiles, but finite
+
+    mm = lay.take(buf, "m", (a * a, k, g))
+    post: Prog = []
+    if bv is not None:
+        post.append((np.add, (mm[a + 1], bv.reshape(k, 1)), mm[a + 1]))  # A^T[:, 1] = A[1, :] = 1: the whole tile
+    # 4. A^T M A: rows into z (i, nu, K*G), then columns into y (i, j, K*G); all contiguous.
+    z = lay.take(buf, "z", (m, a, kg))
+    post += output_transform(m, list(mm.reshape(a, a * kg)), list(z.reshape(m, a * kg)), temps((a * kg,), 4))
+    y = lay.take(buf, "y", (m, m, kg))
+    post += output_transform(m, [z[:, nu] for nu in range(a)], [y[:, j] for j in range(m)], temps((m, kg), 4))
+    # 5. The tiles into the output: y[i, j, k, n, gr, gc] -> out[n, k, gr*m + i, gc*m + j].
+    y6 = y.reshape(m, m, k, n, hq, wq)
+    out_t = dst.transpose(1, 0, 2, 3)
+    scatter = []
+    for i in range(min(m, lay.p)):
+        for j in range(min(m, lay.q)):
+            d = out_t[:, :, i::m, j::m]
+            scatter.append((d, y6[i, j, :, :, :d.shape[2], :d.shape[3]]))
+    act = epilogue(dst)
+
+    def transform_in() -> None:
+        for z_ in zeros:
+            z_.fill(0)
+        for d_, s_ in copies:
+            np.copyto(d_, s_)
+        with np.errstate(all="ignore"):
+            for fn, args, out in prog:
+                fn(*args, out=out)
+
+    def product() -> None:
+        np.matmul(uv, v, out=mm)
+
+    def transform_out() -> None:
+        with np.errstate(all="ignore"):
+            for fn, args, out in post:
+                fn(*args, out=out)
+        for d_, s_ in scatter:
+            np.copyto(d_, s_)
+
+    return [transform_in, product, transform_out] + ([act] if act is not None else [])
+
+
+def choose(n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
+    """The cpu's cost model: which F(m, 3) runs this conv fastest, or None for im2col + BLAS."""
+    if np.dtype(dtype) != np.float32 or min(c, k) < 16:
+        return None
+    return 2
