@@ -86,6 +86,8 @@ class Layout:
         self.th, self.tw = th, tw
         self.hq, self.wq = th + 1, tw + 1
         self.g = n * self.hq * self.wq  # grid positions per channel
+        # The products' columns: one image's last grid row is garbage only, left out (its tiles stay unset).
+        self.cols = th * self.wq if n == 1 else self.g
         self.pads = pads
         cg, kg = c * self.g, k * self.g
         self.offsets: dict[str, int] = {}
@@ -204,8 +206,10 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
             for fn, args, out in prog:
                 fn(*args, out=out)
 
+    vc, mc = v[:, :, :lay.cols], mm[:, :, :lay.cols]
+
     def product() -> None:
-        np.matmul(uv, v, out=mm)
+        np.matmul(uv, vc, out=mc)
 
     def transform_out() -> None:
         with np.errstate(all="ignore"):
@@ -217,8 +221,43 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
     return [transform_in, product, transform_out] + ([act] if act is not None else [])
 
 
+Piece = tuple[tuple[slice, slice], tuple[slice, slice], Layout]
+
+
+def split(xshape: tuple[int, ...], k: int, out_hw: tuple[int, int], pads: tuple[int, int, int, int], m: int,
+          parts: int) -> list[Piece]:
+    """The conv as up to `parts` independent Winograd convs over parts of the output, for the pool's threads:
+    (x index, out index, Layout) each, the indices over (N, H) and (N, P). Images split first; one
+    image splits into bands of tile rows, each reading its input rows (padding where they run out)."""
+    n, c, h, w = xshape
+    p, q = out_hw
+    top, left, _, right = pads
+    th = winograd.tiles(p, q, m)[0]
+    if n >= parts or th < 2:
+        out = []
+        for n0, n1 in _ranges(n, parts if n >= parts else 1):
+            out.append(((slice(n0, n1), slice(None)), (slice(n0, n1), slice(None)),
+                        Layout((n1 - n0, c, h, w), k, out_hw, pads, m)))
+        return out
+    out = []
+    for r0, r1 in _ranges(th, parts):
+        p0, p1 = r0 * m, min(p, r1 * m)
+        lo, hi = p0 - top, p1 + 2 - top  # the input rows (padding included) this band's windows read
+        a = min(max(0, lo), h)
+        b = max(a, min(h, hi))
+        band = (a - lo, left, hi - b, right)
+        out.append(((slice(None), slice(a, b)), (slice(None), slice(p0, p1)),
+                    Layout((n, c, b - a, w), k, (p1 - p0, q), band, m)))
+    return out
+
+
+def _ranges(total: int, parts: int) -> list[tuple[int, int]]:
+    parts = max(1, min(parts, total))
+    return [(total * i // parts, total * (i + 1) // parts) for i in range(parts)]
+
+
 def choose(n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
     """The cpu's cost model: which F(m, 3) runs this conv fastest, or None for im2col + BLAS."""
-    if np.dtype(dtype) != np.float32 or min(c, k) < 16:
+    if np.dtype(dtype) != np.float32 or min(c, k) < 16 or n * p * q < 100:
         return None
     return 2
