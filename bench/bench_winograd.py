@@ -3,8 +3,9 @@
     PYTHONPATH=src python bench/bench_winograd.py [--shapes 1x64x56,1x128x28,...] [--runs 30] [--parts]
 
 Each shape is NxCxS: an SxS input of C channels, C output channels, pads 1 (ResNet's 3x3 convs by default,
-batch 1 and 8). Milliseconds are the 20th percentile of runs interleaved between the variants (the machine may
-be shared: a noisy moment taxes all of them alike, and the low percentile drops it);
+batch 1 and 8), `--weights` convs of it back to back, each with its own weights (as in a network, where they
+come from memory rather than cache). Milliseconds are the 20th percentile of runs interleaved between the
+variants (the machine may be shared: a noisy moment taxes all of them alike, and the low percentile drops it);
 `--parts` also times the Winograd steps one by one (input transform, products, output).
 This is what the cost model in ember/backends/cpu/winograd.py (`choose`) was measured with.
 """
@@ -33,6 +34,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=DEFAULT)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--parts", action="store_true")
+    ap.add_argument("--weights", type=int, default=4, help="convs of each shape, each with its own weights")
     args = ap.parse_args()
     be = CpuBackend().init()
     rng = np.random.default_rng(0)
@@ -46,22 +48,24 @@ def main() -> int:
     for spec in args.shapes.split(","):
         n, c, s = (int(v) for v in spec.split("x"))
         x = rng.standard_normal((n, c, s, s)).astype(np.float32)
-        f = rng.standard_normal((c, c, 3, 3)).astype(np.float32) / (3 * c ** 0.5)
         b = rng.standard_normal(c).astype(np.float32)
         xv, bv = View.contiguous(up(x), F32, x.shape), View.contiguous(up(b), F32, (c,))
         out = View.contiguous(be.alloc(x.nbytes), F32, x.shape)
-        variants = {"direct": be.record_conv(xv, View.contiguous(up(f), F32, f.shape), bv, out, (1, 1), (1,) * 4,
-                                             (1, 1), 1)}
+        # Several convs of the shape, each with its own weights, run back to back: in a network a conv's
+        # weights come from memory, not from the cache where a repeated single conv would find them.
+        fs = [rng.standard_normal((c, c, 3, 3)).astype(np.float32) / (3 * c ** 0.5) for _ in range(args.weights)]
+        variants = {"direct": [st for f in fs for st in be.record_conv(
+            xv, View.contiguous(up(f), F32, f.shape), bv, out, (1, 1), (1,) * 4, (1, 1), 1)]}
         for m in (2, 4):
-            u = winograd.transform_weights(f, m)
-            variants[f"F({m},3)"] = be.record_conv_winograd(xv, View.contiguous(up(u), F32, u.shape), bv, out,
-                                                            (1,) * 4, m)
+            us = [winograd.transform_weights(f, m) for f in fs]
+            variants[f"F({m},3)"] = [st for u in us for st in be.record_conv_winograd(
+                xv, View.contiguous(up(u), F32, u.shape), bv, out, (1,) * 4, m)]
         times: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(args.runs):
             for name, steps in variants.items():
                 t0 = time.perf_counter()
                 be.execute(steps)
-                times[name].append((time.perf_counter() - t0) * 1e3)
+                times[name].append((time.perf_counter() - t0) * 1e3 / len(fs))
         med = {name: pick(ts) for name, ts in times.items()}
         best = min(med, key=med.get)
         print(f"{spec:>12s} " + " ".join(f"{med[v]:8.3f}" for v in variants) + f"  {best}")

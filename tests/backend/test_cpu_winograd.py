@@ -111,6 +111,9 @@ def test_cost_model() -> None:
         assert be.winograd_tile(n, 64, 64, 56, 56, np.float32) in (2, 4)
     # A handful of channels: the transforms cost more than the products save.
     assert be.winograd_tile(1, 3, 8, 32, 32, np.float32) is None
+    # 7x7 at batch 1: too few tiles to spread the (larger) transformed filter over; at batch 8 enough.
+    assert be.winograd_tile(1, 512, 512, 7, 7, np.float32) is None
+    assert be.winograd_tile(8, 512, 512, 7, 7, np.float32) == 2
 
 
 # ---- inside a model -----------------------------------------------------------------------------------------

@@ -257,7 +257,29 @@ def _ranges(total: int, parts: int) -> list[tuple[int, int]]:
 
 
 def choose(n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
-    """The cpu's cost model: which F(m, 3) runs this conv fastest, or None for im2col + BLAS."""
-    if np.dtype(dtype) != np.float32 or min(c, k) < 16 or n * p * q < 100:
+    """The cpu's cost model: which F(m, 3) runs this conv fastest, or None for im2col + BLAS.
+
+    Measured on this project's 2-core machine (AMD EPYC, AVX-512, OpenBLAS 0.3.31 held to one thread per pool
+    thread) with bench/bench_winograd.py: ms per conv, C = K channels in and out, S x S, pads 1, 4 convs with
+    their own weights run back to back (weights from memory, as in a network), p20 of 25 runs:
+
+        N x C x S     direct  F(2,3)  F(4,3)       N x C x S    direct  F(2,3)  F(4,3)
+        1 x  64 x 56    1.89    1.47    1.63       8 x  64 x 56  16.24    9.54    9.45
+        1 x 128 x 28    1.49    1.18    1.36       8 x 128 x 28  14.08    7.39    7.32
+        1 x 256 x 14    1.74    1.48    2.12       8 x 256 x 14  12.20    7.32    9.17
+        1 x 512 x  7    2.87    4.42    6.34       8 x 512 x  7  13.87   11.42   13.13
+        1 x  32 x 56    0.55    0.47    0.78       2 x 512 x  7   3.74    4.23    7.01
+        1 x  32 x 28    0.22    0.23    0.53       4 x 512 x  7   6.98    6.76    8.84
+        1 x  64 x 14    0.21    0.22    0.50       1 x 256 x  7   0.66    0.82    1.61
+        1 x  16 x 56    0.25    0.30    0.63       1 x 1024 x 4   3.30    7.53   14.16
+
+    The transforms cost per tile and channel, the products save per tile and channel pair: Winograd needs
+    channels (32 and up) and enough tiles to spread its transformed filter over (16/9 the weight's bytes for
+    F(2,3), read per run): 16 tiles (7x7 at batch 1) are too few, 49 (14x14) enough. F(4,3) is never clearly
+    ahead (1% at batch 8 on 56x56 and 28x28, well behind elsewhere: 36 short products, 4x the weight's
+    bytes) and rounds more, so F(2,3) is the only default; EMBER_WINOGRAD=4 still runs it.
+    """
+    if np.dtype(dtype) != np.float32 or min(c, k) < 32:
         return None
-    return 2
+    th, tw = winograd.tiles(p, q, 2)
+    return 2 if n * th * tw >= 40 else None
