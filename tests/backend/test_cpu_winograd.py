@@ -31,6 +31,9 @@ CASES = [
     ((2, 8, 6, 5), 7, (2, 1, 0, 3), False, None),  # padding wider than the filter's reach on some sides
     ((1, 7, 3, 17), 9, (1, 1, 1, 1), True, call("min", call("max", inp(0), const(0.0)), const(6.0))),  # relu6
     ((1, 2, 5, 5), 3, (1, 1, 1, 1), True, call("sigmoid", inp(0))),
+    # More output channels than tiles: the output channels split over the threads, after one input transform.
+    ((1, 16, 6, 6), 64, (1, 1, 1, 1), True, RELU),
+    ((2, 8, 5, 7), 96, (0, 1, 2, 1), True, None),
 ]
 
 

@@ -335,10 +335,12 @@ class CpuBackend(ComputeBackend):
             tasks = []
             for (xi, oi, lay), o0 in zip(pieces, offsets, strict=False):
                 o = dst[oi[0], :, oi[1]]
-                parts = winograd.build(lay, xv[xi[0], :, xi[1]], uv, bv, o, f32[o0:o0 + lay.elems],
-                                       functools.partial(_epilogue, act))
-                tasks.append(_seq(*parts))
-            return tasks
+                first, outs = winograd.build(lay, xv[xi[0], :, xi[1]], uv, bv, o, f32[o0:o0 + lay.elems],
+                                             functools.partial(_epilogue, act))
+                if len(outs) > 1:  # output channels over the threads, after the one input transform
+                    return [first, functools.partial(pool.run, outs)]
+                tasks.append(_seq(first, *outs))
+            return tasks if len(tasks) == 1 else [functools.partial(pool.run, tasks)]
 
         bound: list[Any] = [None, None]  # the scratch buffer the tasks were built on, the tasks
 
@@ -347,11 +349,8 @@ class CpuBackend(ComputeBackend):
                 buf = scratch.buf
                 if bound[0] is not buf:  # first run, or the scratch grew since
                     bound[:] = [buf, build(buf)]
-                tasks = bound[1]
-                if len(tasks) == 1:
-                    tasks[0]()
-                else:
-                    pool.run(tasks)
+                for part in bound[1]:
+                    part()
 
         return [step]
 

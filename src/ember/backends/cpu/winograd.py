@@ -77,7 +77,7 @@ class Layout:
     """
 
     def __init__(self, xshape: tuple[int, ...], k: int, out_hw: tuple[int, int], pads: tuple[int, int, int, int],
-                 m: int) -> None:
+                 m: int, kparts: int = 1) -> None:
         n, c, h, w = xshape
         p, q = out_hw
         th, tw = winograd.tiles(p, q, m)
@@ -93,14 +93,20 @@ class Layout:
         self.offsets: dict[str, int] = {}
         self.sizes: dict[str, int] = {}
         self.elems = 0
-        # xq and cols die once v is made; v once the products ran; z and y reuse their space where they fit.
+        # The output channels may be split into kparts ranges, each one task (products and output transform).
+        self.kranges = _ranges(k, kparts)
+        kh = max(b - a_ for a_, b in self.kranges) * self.g
+        # xq and cols die once v is made; v once the products ran (all of them: z may reuse it only with one
+        # task); y reuses xq's space where it fits.
         self._place("xq", m * m * cg)  # the padded input split by row and column phase (cph, rph, C, N, Hq, Wq)
         self._place("cols", a * m * cg)  # B^T along columns: (nu, rph, C, N, Hq, Wq)
         self._place("v", a * a * cg)  # (alpha^2, C, G)
         self._place("m", a * a * kg)  # (alpha^2, K, G)
-        self._place("z", m * a * kg, reuse="v")  # A^T along rows: (i, nu, K, G)
+        self._place("z", m * a * kg, reuse="v" if len(self.kranges) == 1 else None)  # A^T along rows: (i, nu, K, G)
         self._place("y", m * m * kg, reuse="xq")  # the output tiles: (i, j, K, N, Hq, Wq)
-        self._place("tmp", 4 * max(m * cg, a * cg, a * kg, m * kg))
+        self._place("tmp", 2 * max(m * cg, a * cg))  # the input transform's temporaries
+        for i in range(len(self.kranges)):  # each task's own for the output transform
+            self._place(f"tmp{i}", 4 * a * kh)
 
     def _place(self, name: str, size: int, reuse: str | None = None) -> None:
         if reuse is not None and size <= self._room(reuse):
@@ -130,19 +136,21 @@ def _phase_span(phase: int, m: int, pad: int, size: int, grid: int) -> tuple[int
 
 
 def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, dst: np.ndarray, buf: np.ndarray,
-          epilogue: Callable[[np.ndarray], Step | None]) -> list[Step]:
+          epilogue: Callable[[np.ndarray], Step | None]) -> tuple[Step, list[Step]]:
     """The steps of one conv over the scratch `buf` (float32 elements): xv (N, C, H, W), uv (alpha^2, K, C),
-    bv (K,) or None, dst (N, K, P, Q); `epilogue(out)` makes the activation step over `out` (or None)."""
+    bv (K,) or None, dst (N, K, P, Q); `epilogue(out)` makes the activation step over `out` (or None).
+
+    Returns the input transform, then one task per range of output channels (lay.kranges: products, output
+    transform, bias and activation), which may run side by side once the input transform ran."""
     n, c, k, m, a = lay.n, lay.c, lay.k, lay.m, lay.a
     hq, wq, g = lay.hq, lay.wq, lay.g
     top, left = lay.pads[0], lay.pads[1]
     cg, kg = c * g, k * g
-    tmp_flat = lay.take(buf, "tmp", (lay.sizes["tmp"],))
-    quarter = lay.sizes["tmp"] // 4
 
-    def temps(shape: tuple[int, ...], count: int) -> list[np.ndarray]:
-        size = math.prod(shape)
-        return [tmp_flat[i * quarter: i * quarter + size].reshape(shape) for i in range(count)]
+    def temps(name: str, shape: tuple[int, ...], count: int) -> list[np.ndarray]:
+        flat = lay.take(buf, name, (lay.sizes[name],))
+        size, part = math.prod(shape), lay.sizes[name] // count
+        return [flat[i * part: i * part + size].reshape(shape) for i in range(count)]
 
     # 1. The padded input by phases: xq[cph, rph, c, n, gr, gc] = x[n, c, gr*m + rph - top, gc*m + cph - left].
     xq = lay.take(buf, "xq", (m, m, c, n, hq, wq))
@@ -167,7 +175,7 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
     cols = lay.take(buf, "cols", (a, m * cg))
     span = m * cg - 1
     prog = input_transform(m, [xqf[j % m, j // m: j // m + span] for j in range(a)], [r[:span] for r in cols],
-                           temps((span,), 2))
+                           temps("tmp", (span,), 2))
     zeros.append(cols[:, span:])
     # 3. B^T along rows, the same way one grid row (wq elements) apart.
     colsr = cols.reshape(a, m, cg)
@@ -175,27 +183,8 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
     vr = v.reshape(a, a, cg)
     span = cg - wq
     prog += input_transform(m, [colsr[:, i % m, (i // m) * wq: (i // m) * wq + span] for i in range(a)],
-                            [vr[xi, :, :span] for xi in range(a)], temps((a, span), 2))
+                            [vr[xi, :, :span] for xi in range(a)], temps("tmp", (a, span), 2))
     zeros.append(vr[:, :, span:])  # garbage tiles, but finite
-
-    mm = lay.take(buf, "m", (a * a, k, g))
-    post: Prog = []
-    if bv is not None:
-        post.append((np.add, (mm[a + 1], bv.reshape(k, 1)), mm[a + 1]))  # A^T[:, 1] = A[1, :] = 1: the whole tile
-    # 4. A^T M A: rows into z (i, nu, K*G), then columns into y (i, j, K*G); all contiguous.
-    z = lay.take(buf, "z", (m, a, kg))
-    post += output_transform(m, list(mm.reshape(a, a * kg)), list(z.reshape(m, a * kg)), temps((a * kg,), 4))
-    y = lay.take(buf, "y", (m, m, kg))
-    post += output_transform(m, [z[:, nu] for nu in range(a)], [y[:, j] for j in range(m)], temps((m, kg), 4))
-    # 5. The tiles into the output: y[i, j, k, n, gr, gc] -> out[n, k, gr*m + i, gc*m + j].
-    y6 = y.reshape(m, m, k, n, hq, wq)
-    out_t = dst.transpose(1, 0, 2, 3)
-    scatter = []
-    for i in range(min(m, lay.p)):
-        for j in range(min(m, lay.q)):
-            d = out_t[:, :, i::m, j::m]
-            scatter.append((d, y6[i, j, :, :, :d.shape[2], :d.shape[3]]))
-    act = epilogue(dst)
 
     def transform_in() -> None:
         for z_ in zeros:
@@ -206,19 +195,58 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
             for fn, args, out in prog:
                 fn(*args, out=out)
 
-    vc, mc = v[:, :, :lay.cols], mm[:, :, :lay.cols]
+    mm = lay.take(buf, "m", (a * a, k, g))
+    mr = mm.reshape(a, a, kg)
+    z = lay.take(buf, "z", (m, a, kg))
+    y = lay.take(buf, "y", (m, m, kg))
+    y6 = y.reshape(m, m, k, n, hq, wq)
+    out_t = dst.transpose(1, 0, 2, 3)
+    vc = v[:, :, :lay.cols]
+    return transform_in, [_output_task(lay, i, k0, k1, uv, vc, mm, mr, z, y6, out_t, bv, dst, buf, epilogue)
+                          for i, (k0, k1) in enumerate(lay.kranges)]
 
-    def product() -> None:
-        np.matmul(uv, vc, out=mc)
 
-    def transform_out() -> None:
+def _output_task(lay: Layout, i: int, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, mm: np.ndarray,
+                 mr: np.ndarray, z: np.ndarray, y6: np.ndarray, out_t: np.ndarray, bv: np.ndarray | None,
+                 dst: np.ndarray, buf: np.ndarray, epilogue: Callable[[np.ndarray], Step | None]) -> Step:
+    """Output channels [k0, k1): their products, A^T M A, bias, the tiles into the output, the activation."""
+    m, a, g = lay.m, lay.a, lay.g
+    ks = slice(k0 * g, k1 * g)
+    span = (k1 - k0) * g
+    flat = lay.take(buf, f"tmp{i}", (lay.sizes[f"tmp{i}"],))
+    part = lay.sizes[f"tmp{i}"] // 4
+
+    def temps(shape: tuple[int, ...]) -> list[np.ndarray]:
+        return [flat[j * part: j * part + math.prod(shape)].reshape(shape) for j in range(4)]
+
+    uk, mk = uv[:, k0:k1], mm[:, k0:k1, :lay.cols]
+    post: Prog = []
+    if bv is not None:  # A^T[:, 1] = A[1, :] = 1: added to M[1, 1], the bias reaches the whole tile
+        post.append((np.add, (mm[a + 1, k0:k1], bv[k0:k1].reshape(-1, 1)), mm[a + 1, k0:k1]))
+    # 4. A^T M A: rows into z (i, nu, K*G), then columns into y (i, j, K*G); contiguous runs of this range.
+    post += output_transform(m, [mr[xi][:, ks] for xi in range(a)], [z[r][:, ks] for r in range(m)],
+                             temps((a, span)))
+    post += output_transform(m, [z[:, nu, ks] for nu in range(a)], [y6.reshape(m, m, -1)[:, j, ks] for j in range(m)],
+                             temps((m, span)))
+    # 5. The tiles into the output: y[i, j, k, n, gr, gc] -> out[n, k, gr*m + i, gc*m + j].
+    scatter = []
+    for r in range(min(m, lay.p)):
+        for j in range(min(m, lay.q)):
+            d = out_t[k0:k1, :, r::m, j::m]
+            scatter.append((d, y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]]))
+    act = epilogue(dst[:, k0:k1])
+
+    def run() -> None:
+        np.matmul(uk, vc, out=mk)
         with np.errstate(all="ignore"):
             for fn, args, out in post:
                 fn(*args, out=out)
         for d_, s_ in scatter:
             np.copyto(d_, s_)
+        if act is not None:
+            act()
 
-    return [transform_in, product, transform_out] + ([act] if act is not None else [])
+    return run
 
 
 Piece = tuple[tuple[slice, slice], tuple[slice, slice], Layout]
@@ -227,12 +255,16 @@ Piece = tuple[tuple[slice, slice], tuple[slice, slice], Layout]
 def split(xshape: tuple[int, ...], k: int, out_hw: tuple[int, int], pads: tuple[int, int, int, int], m: int,
           parts: int) -> list[Piece]:
     """The conv as up to `parts` independent Winograd convs over parts of the output, for the pool's threads:
-    (x index, out index, Layout) each, the indices over (N, H) and (N, P). Images split first; one
+    (x index, out index, Layout) each, the indices over (N, H) and (N, P). Where the transformed filter
+    outweighs the tiles (more output channels than tiles), one conv whose output channels split instead
+    (Layout.kranges), so that each thread reads its part of the filter only. Else images split first; one
     image splits into bands of tile rows, each reading its input rows (padding where they run out)."""
     n, c, h, w = xshape
     p, q = out_hw
     top, left, _, right = pads
-    th = winograd.tiles(p, q, m)[0]
+    th, tw = winograd.tiles(p, q, m)
+    if parts > 1 and k > n * th * tw and k >= 8 * parts:
+        return [((slice(None), slice(None)), (slice(None), slice(None)), Layout(xshape, k, out_hw, pads, m, parts))]
     if n >= parts or th < 2:
         out = []
         for n0, n1 in _ranges(n, parts if n >= parts else 1):
