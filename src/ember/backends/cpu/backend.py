@@ -336,7 +336,7 @@ class CpuBackend(ComputeBackend):
             for (xi, oi, lay), o0 in zip(pieces, offsets, strict=False):
                 o = dst[oi[0], :, oi[1]]
                 first, outs = winograd.build(lay, xv[xi[0], :, xi[1]], uv, bv, o, f32[o0:o0 + lay.elems],
-                                             functools.partial(_epilogue, act))
+                                             functools.partial(_act_into, act))
                 if len(outs) > 1:  # output channels over the threads, after the one input transform
                     return [first, functools.partial(pool.run, outs)]
                 tasks.append(_seq(first, *outs))
@@ -592,6 +592,20 @@ def _seq(*steps: Step) -> Step:
             st()
 
     return run
+
+
+def _act_into(act: Expr | None, src: np.ndarray, dst: np.ndarray) -> Step:
+    """A step writing act(src) into dst (a copy where act is None): an epilogue fused into a copy."""
+    if act is None:
+        return functools.partial(np.copyto, dst, src)
+    fast = compile_inplace(act, [src], dst)
+    if fast is not None:
+        return fast
+
+    def step() -> None:
+        dst[...] = eval_numpy(act, [src], dst.dtype)
+
+    return step
 
 
 def _epilogue(act: Expr | None, dst: np.ndarray) -> Step | None:
