@@ -3,6 +3,8 @@ and a direct float64 conv, its cost model, and Conv picking it inside a model (c
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -182,3 +184,22 @@ def test_bad_env_value_raises(env: str, monkeypatch: pytest.MonkeyPatch) -> None
     x = np.zeros((1, 8, 12, 12), np.float32)
     with pytest.raises(ValueError, match="EMBER_WINOGRAD"):
         ember.load_onnx(model, backend="cpu").run({"x": x})
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize(("h", "w", "k"), [(9, 11, 48), (20, 18, 16)])  # output channels split; tile-row bands
+def test_stale_scratch_never_reaches_the_output(m: int, h: int, w: int, k: int, rng: np.random.Generator) -> None:
+    """The shared scratch holds whatever the last conv left (here NaN and huge values): tiles the products
+    skip and padding must be rewritten, so neither a NaN nor a floating-point warning comes out."""
+    be = CpuBackend().init()
+    x = rng.standard_normal((1, 32, h, w)).astype(np.float32)
+    f = rng.standard_normal((k, 32, 3, 3)).astype(np.float32)
+    u = winograd.transform_weights(f, m)
+    steps, ho = _record(be, x, u, None, (1, 1, 1, 1), m, RELU, (1, k, h, w))
+    ref = conv_ref(x, f, None, (1, 1), (1, 1, 1, 1), act=RELU)
+    for fill in (np.nan, 3e38):
+        be._scratch.buf.view(np.float32)[:] = fill
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            be.execute(steps)
+        assert rel_err(download(be, ho, (1, k, h, w)), ref) <= TOL[m]

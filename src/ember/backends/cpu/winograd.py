@@ -192,9 +192,10 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
             z_.fill(0)
         for d_, s_ in copies:
             np.copyto(d_, s_)
-        with np.errstate(all="ignore"):
-            for fn, args, out in prog:
-                fn(*args, out=out)
+        # No np.errstate around the arithmetic: it cost 20 us a task with two threads running (measured), and
+        # the tiles are finite unless the input is not (then numpy warns, as the direct conv's product does).
+        for fn, args, out in prog:
+            fn(*args, out=out)
 
     mm = lay.take(buf, "m", (a * a, k, g))
     mr = mm.reshape(a, a, kg)
@@ -236,11 +237,14 @@ def _output_task(lay: Layout, i: int, k0: int, k1: int, uv: np.ndarray, vc: np.n
             d = out_t[k0:k1, :, r::m, j::m]
             scatter.append(finish(y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]], d))
 
+    tail = mm[:, k0:k1, lay.cols:]  # tiles the products skip (an image's last grid row): kept finite
+
     def run() -> None:
         np.matmul(uk, vc, out=mk)
-        with np.errstate(all="ignore"):
-            for fn, args, out in post:
-                fn(*args, out=out)
+        if tail.size:
+            tail.fill(0)
+        for fn, args, out in post:
+            fn(*args, out=out)
         for part in scatter:
             part()
 
