@@ -143,6 +143,33 @@ def _residual_block(dtype: int = TensorProto.FLOAT, c: int = 8, size: int = 12) 
     return model
 
 
+def _conv_plus_channel_offset(c: int = 32, size: int = 14) -> onnx.ModelProto:
+    """x -> Conv3x3 (no bias) -> Add(a (1, C, 1, 1) constant) -> Relu: the Add is a broadcast residual."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) / (3 * c ** 0.5)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal((1, c, 1, 1)).astype(np.float32), "off")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+             helper.make_node("Add", ["c", "off"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    shape = [1, c, size, size]
+    graph = helper.make_graph(nodes, "offset", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("env", ["", "0"])
+def test_broadcast_add_after_conv(env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_WINOGRAD", env)
+    model = _conv_plus_channel_offset()
+    x = np.random.default_rng(2).standard_normal((1, 32, 14, 14)).astype(np.float32)
+    want = _ort(model, x)
+    em = ember.load_onnx(model, backend="cpu")
+    got = em.run({"x": x})["y"]
+    assert float(np.abs(got.astype(np.float64) - want).max()) <= 1e-4 * float(np.abs(want).max()) + 1e-5
+    assert em.stats()["conv.winograd"] == (0 if env == "0" else 1)
+
+
 def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     import onnxruntime as ort
 
@@ -203,3 +230,66 @@ def test_stale_scratch_never_reaches_the_output(m: int, h: int, w: int, k: int, 
             warnings.simplefilter("error")
             be.execute(steps)
         assert rel_err(download(be, ho, (1, k, h, w)), ref) <= TOL[m]
+
+
+# ---- a residual in the epilogue (CpuBackend.conv_residual: Conv + Add [+ Relu] as one kernel) ---------------
+RESIDUAL_CASES = [
+    # (N, C, H, W), K, pads, residual shape (broadcast to the output), act
+    ((1, 32, 20, 18), 16, (1, 1, 1, 1), None, RELU),  # tile-row bands; residual of the output's shape
+    ((1, 16, 6, 6), 64, (1, 1, 1, 1), (1, 64, 1, 1), RELU),  # output channels split; a broadcast residual
+    ((3, 8, 7, 9), 5, (1, 0, 2, 1), None, None),  # images split, no activation
+]
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize(("xshape", "k", "pads", "rshape", "act"), RESIDUAL_CASES,
+                         ids=[f"{c[0]}-k{c[1]}" for c in RESIDUAL_CASES])
+def test_residual_epilogue(m: int, xshape: tuple, k: int, pads: tuple, rshape, act,
+                           rng: np.random.Generator) -> None:
+    be = CpuBackend().init()
+    n, c, h, w = xshape
+    p, q = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+    x = rng.standard_normal(xshape).astype(np.float32)
+    f = rng.standard_normal((k, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    res = rng.standard_normal(rshape or (n, k, p, q)).astype(np.float32)
+    u = winograd.transform_weights(f, m)
+    hx, hu, hb, hr, ho = upload(be, x), upload(be, u), upload(be, b), upload(be, res), poisoned(be, n * k * p * q)
+    rv = View.contiguous(hr, F32, res.shape).broadcast_to((n, k, p, q))
+    steps = be.record_conv_winograd(View.contiguous(hx, F32, x.shape), View.contiguous(hu, F32, u.shape),
+                                    View.contiguous(hb, F32, (k,)), View.contiguous(ho, F32, (n, k, p, q)), pads, m,
+                                    act, residual=rv)
+    ref = conv_ref(x, f, b, (1, 1), pads) + res.astype(np.float64)
+    if act is not None:
+        ref = eval_numpy(act, [ref], np.float64)
+    for _ in range(2):
+        be.execute(steps)
+        assert rel_err(download(be, ho, (n, k, p, q)), ref) <= TOL[m]
+
+
+@pytest.mark.parametrize(("xshape", "wshape", "stride", "pads", "groups"), [
+    ((1, 16, 20, 20), (32, 3, 3), (1, 1), (1, 1, 1, 1), 1),  # im2col, row bands
+    ((1, 64, 4, 4), (128, 3, 3), (1, 1), (1, 1, 1, 1), 1),  # im2col, output channels split
+    ((1, 64, 24, 24), (64, 1, 1), (1, 1), (0, 0, 0, 0), 1),  # 1x1
+    ((2, 24, 10, 10), (24, 3, 3), (2, 2), (1, 1, 1, 1), 24),  # depthwise
+])
+@pytest.mark.parametrize("aliased", [False, True])
+def test_residual_epilogue_direct(xshape, wshape, stride, pads, groups, aliased: bool,
+                                  rng: np.random.Generator) -> None:
+    """The direct conv adds the residual in one pass after its products; a residual that is the output
+    buffer itself (the runtime never plans one, but the contract allows it) is copied away first."""
+    be = CpuBackend().init()
+    n, c, h, w = xshape
+    k, r, s = wshape
+    p, q = (h + pads[0] + pads[2] - r) // stride[0] + 1, (w + pads[1] + pads[3] - s) // stride[1] + 1
+    x = rng.standard_normal(xshape).astype(np.float32)
+    f = rng.standard_normal((k, c // groups, r, s)).astype(np.float32)
+    res = rng.standard_normal((n, k, p, q)).astype(np.float32)
+    hx, hf, hr = upload(be, x), upload(be, f), upload(be, res)
+    ho = hr if aliased else poisoned(be, n * k * p * q)
+    steps = be.record_conv(View.contiguous(hx, F32, xshape), View.contiguous(hf, F32, f.shape), None,
+                           View.contiguous(ho, F32, (n, k, p, q)), stride, pads, (1, 1), groups, RELU,
+                           residual=View.contiguous(hr, F32, res.shape))
+    ref = np.maximum(conv_ref(x, f, None, stride, pads, groups=groups) + res, 0)
+    be.execute(steps)
+    assert rel_err(download(be, ho, (n, k, p, q)), ref) <= TOL[2]

@@ -472,8 +472,14 @@ class ComputeBackend(ABC):
     @abstractmethod
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
-                    act: Any = None) -> list:
-        """2-D convolution, NCHW, filter (K, C/groups, R, S), pads (top, left, bottom, right)."""
+                    act: Any = None, **residual: View) -> list:
+        """2-D convolution, NCHW, filter (K, C/groups, R, S), pads (top, left, bottom, right).
+
+        Where `conv_residual` is set, the runtime may pass residual=View (out's shape, any strides): out =
+        act(conv + bias + residual)."""
+
+    # Whether record_conv and record_conv_winograd take residual= (Conv + Add [+ activation] as one kernel).
+    conv_residual: bool = False
 
     # Winograd F(m, 3) convolution (ops/winograd.py has the algorithm and the layouts): the output tiles m this
     # backend implements; empty when it has no Winograd kernels.
@@ -485,9 +491,10 @@ class ComputeBackend(ABC):
         return None
 
     def record_conv_winograd(self, x: View, u: View, bias: View | None, out: View, pads: tuple[int, int, int, int],
-                             m: int, act: Any = None) -> list:
+                             m: int, act: Any = None, **residual: View) -> list:
         """out = act(conv3x3(x) + bias) by Winograd F(m, 3): x (N, C, H, W), u the transformed filter
-        (alpha^2, K, C) from ops/winograd.transform_weights, out (N, K, P, Q), pads (top, left, bottom, right)."""
+        (alpha^2, K, C) from ops/winograd.transform_weights, out (N, K, P, Q), pads (top, left, bottom, right);
+        residual= as for record_conv, where `conv_residual` is set."""
         raise NotImplementedError(f"{type(self).__name__} has no Winograd convolution")
 
     @abstractmethod

@@ -75,19 +75,25 @@ class Conv(Op):
             pads4 = (pads[0], pads[1], pads[2], pads[3])
             ctx.count("conv.winograd")
 
-            def record_wino(out: View, act: Expr | None, _bias: View | None = None) -> list:
-                return ctx.backend.record_conv_winograd(xv, u, bias, out, pads4, m, act)
+            def record_wino(out: View, act: Expr | None, res: View | None = None) -> list:
+                kw = {"residual": res} if res is not None else {}
+                return ctx.backend.record_conv_winograd(xv, u, bias, out, pads4, m, act, **kw)
 
-            return [anchored(ctx, x.dtype, out_shape, record_wino, [xv, u, bias])]
+            return [anchored(ctx, x.dtype, out_shape, record_wino, [xv, u, bias],
+                             takes_bias=ctx.backend.conv_residual)]
         xv, wv = ctx.contiguous(to_2d(ctx, x)), ctx.contiguous(to_2d(ctx, w))
         bias = ctx.contiguous(b) if b is not None else None
 
-        def record(out: View, act: Expr | None, _bias: View | None = None) -> list:
+        def record(out: View, act: Expr | None, res: View | None = None) -> list:
             o4 = View.contiguous(out.handle, out.dtype, out4, out.offset)
+            kw = {}
+            if res is not None:  # a residual added in the epilogue (conv_residual backends), 1-D convs as 2-D
+                kw["residual"] = res if r == 2 else View(res.handle, res.dtype, out4,
+                                                         (*res.strides[:2], 0, *res.strides[2:]), res.offset)
             return ctx.backend.record_conv(xv, wv, bias, o4, strides, (pads[0], pads[1], pads[2], pads[3]), dil, g,
-                                           act)
+                                           act, **kw)
 
-        return [anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias])]
+        return [anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias], takes_bias=ctx.backend.conv_residual)]
 
 
 def winograd_choice(ctx: Context, x: T, w: T, kernel: tuple, strides: tuple, dil: tuple, groups: int,

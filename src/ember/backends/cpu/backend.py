@@ -17,7 +17,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..base import ComputeBackend, OutOfMemoryError, View
-from ..expr import Expr, eval_numpy
+from ..expr import Expr, call, eval_numpy, inp
 from . import parallel, winograd
 from .inplace import compile_inplace
 
@@ -190,10 +190,18 @@ class CpuBackend(ComputeBackend):
 
         return [step]
 
+    conv_residual = True
+
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
-                    act: Expr | None = None) -> list[Step]:
+                    act: Expr | None = None, residual: View | None = None) -> list[Step]:
         xv, wv, dst = self.array(x), self.array(w), self.array(out)
+        # With a residual, the parts add their bias only; one pass over the output then adds the residual and
+        # applies the activation (Winograd convs fold both into their last pass instead).
+        first = last = None
+        if residual is not None:
+            first, last = _residual_pass(act, dst, self.array(residual))
+            act = None
         bv = self.array(bias).reshape(-1, 1, 1) if bias is not None else None
         n, c, h, wd = x.shape
         k, cg, r, s = w.shape
@@ -301,12 +309,16 @@ class CpuBackend(ComputeBackend):
         bound: list[Any] = [None, None]  # the scratch buffer the parts were built on, the parts
 
         def step() -> None:
+            if first is not None:
+                first()
             with scratch.lock if scratch is not None else _NO_LOCK:
                 buf = scratch.buf if scratch is not None else None
                 if bound[1] is None or bound[0] is not buf:  # first run, or the scratch grew since
                     bound[:] = [buf, build(buf)]
                 for part in bound[1]:
                     part()
+            if last is not None:
+                last()
 
         return [step]
 
@@ -316,9 +328,11 @@ class CpuBackend(ComputeBackend):
         return winograd.choose(n, c, k, p, q, dtype)
 
     def record_conv_winograd(self, x: View, u: View, bias: View | None, out: View, pads: tuple[int, int, int, int],
-                             m: int, act: Expr | None = None) -> list[Step]:
+                             m: int, act: Expr | None = None, residual: View | None = None) -> list[Step]:
         xv, uv, dst = self.array(x), self.array(u), self.array(out)
         bv = self.array(bias) if bias is not None else None
+        # A residual joins the last pass, which reads each element of it right where it writes the output.
+        rv = self.array(residual) if residual is not None else None
         # Split over the pool's threads, each running its part whole (transforms and products, with OpenBLAS
         # held to the calling thread): see parallel.one_blas_thread.
         pool = parallel.blas_pool()
@@ -335,8 +349,9 @@ class CpuBackend(ComputeBackend):
             tasks = []
             for (xi, oi, lay), o0 in zip(pieces, offsets, strict=False):
                 o = dst[oi[0], :, oi[1]]
+                res = rv[oi[0], :, oi[1]] if rv is not None else None
                 first, outs = winograd.build(lay, xv[xi[0], :, xi[1]], uv, bv, o, f32[o0:o0 + lay.elems],
-                                             functools.partial(_act_into, act))
+                                             functools.partial(_act_into, act), res)
                 if len(outs) > 1:  # output channels over the threads, after the one input transform
                     return [first, functools.partial(pool.run, outs)]
                 tasks.append(_seq(first, *outs))
@@ -594,18 +609,40 @@ def _seq(*steps: Step) -> Step:
     return run
 
 
-def _act_into(act: Expr | None, src: np.ndarray, dst: np.ndarray) -> Step:
-    """A step writing act(src) into dst (a copy where act is None): an epilogue fused into a copy."""
+def _act_into(act: Expr | None, src: np.ndarray, dst: np.ndarray, res: np.ndarray | None = None) -> Step:
+    """A step writing act(src [+ res]) into dst (a copy where there is neither): an epilogue fused into a copy."""
+    if res is not None:
+        expr = call("add", inp(0), inp(1))
+        act = expr if act is None else _substitute(act, expr)
     if act is None:
         return functools.partial(np.copyto, dst, src)
-    fast = compile_inplace(act, [src], dst)
+    ins = [src] if res is None else [src, res]
+    fast = compile_inplace(act, ins, dst)
     if fast is not None:
         return fast
 
     def step() -> None:
-        dst[...] = eval_numpy(act, [src], dst.dtype)
+        dst[...] = eval_numpy(act, ins, dst.dtype)
 
     return step
+
+
+def _residual_pass(act: Expr | None, dst: np.ndarray, res: np.ndarray) -> tuple[Step | None, Step]:
+    """(before, after): `after` makes dst = act(dst + res) in place once the conv wrote dst; where res shares
+    memory with dst, `before` copies it away first (the conv would overwrite it), else it is None."""
+    if np.may_share_memory(dst, res):
+        own = np.empty(res.shape, res.dtype)
+        return functools.partial(np.copyto, own, res), _act_into(act, dst, dst, own)
+    return None, _act_into(act, dst, dst, res)
+
+
+def _substitute(e: Expr, by: Expr) -> Expr:
+    """e with its input 0 replaced by `by`."""
+    if e.op == "in":
+        return by
+    if not e.args:
+        return e
+    return Expr(e.op, tuple(_substitute(a, by) for a in e.args), e.value, e.kind)
 
 
 def _epilogue(act: Expr | None, dst: np.ndarray) -> Step | None:

@@ -136,10 +136,10 @@ def _phase_span(phase: int, m: int, pad: int, size: int, grid: int) -> tuple[int
 
 
 def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, dst: np.ndarray, buf: np.ndarray,
-          finish: Callable[[np.ndarray, np.ndarray], Step]) -> tuple[Step, list[Step]]:
+          finish: Callable[..., Step], res: np.ndarray | None = None) -> tuple[Step, list[Step]]:
     """The steps of one conv over the scratch `buf` (float32 elements): xv (N, C, H, W), uv (alpha^2, K, C),
-    bv (K,) or None, dst (N, K, P, Q); `finish(src, out)` makes the step writing act(src) into `out` (the
-    activation, or a copy).
+    bv (K,) or None, dst (N, K, P, Q); `finish(src, out, res)` makes the step writing act(src + res) into `out`
+    (the activation, or a copy; res a part of the residual `res` (N, K, P, Q), or None).
 
     Returns the input transform, then one task per range of output channels (lay.kranges: products, output
     transform, bias and activation), which may run side by side once the input transform ran."""
@@ -203,14 +203,15 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
     y = lay.take(buf, "y", (m, m, kg))
     y6 = y.reshape(m, m, k, n, hq, wq)
     out_t = dst.transpose(1, 0, 2, 3)
+    res_t = res.transpose(1, 0, 2, 3) if res is not None else None
     vc = v[:, :, :lay.cols]
-    return transform_in, [_output_task(lay, i, k0, k1, uv, vc, mm, mr, z, y6, out_t, bv, buf, finish)
+    return transform_in, [_output_task(lay, i, k0, k1, uv, vc, mm, mr, z, y6, out_t, res_t, bv, buf, finish)
                           for i, (k0, k1) in enumerate(lay.kranges)]
 
 
 def _output_task(lay: Layout, i: int, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, mm: np.ndarray,
-                 mr: np.ndarray, z: np.ndarray, y6: np.ndarray, out_t: np.ndarray, bv: np.ndarray | None,
-                 buf: np.ndarray, finish: Callable[[np.ndarray, np.ndarray], Step]) -> Step:
+                 mr: np.ndarray, z: np.ndarray, y6: np.ndarray, out_t: np.ndarray, res_t: np.ndarray | None,
+                 bv: np.ndarray | None, buf: np.ndarray, finish: Callable[..., Step]) -> Step:
     """Output channels [k0, k1): their products, A^T M A, bias, the tiles into the output, the activation."""
     m, a, g = lay.m, lay.a, lay.g
     ks = slice(k0 * g, k1 * g)
@@ -230,12 +231,14 @@ def _output_task(lay: Layout, i: int, k0: int, k1: int, uv: np.ndarray, vc: np.n
                              temps((a, span)))
     post += output_transform(m, [z[:, nu, ks] for nu in range(a)], [y6.reshape(m, m, -1)[:, j, ks] for j in range(m)],
                              temps((m, span)))
-    # 5. The tiles into the output, through the activation: y[i, j, k, n, gr, gc] -> out[n, k, gr*m + i, gc*m + j].
+    # 5. The tiles into the output, through the residual and activation: y[i, j, k, n, gr, gc] -> out[n, k,
+    # gr*m + i, gc*m + j].
     scatter = []
     for r in range(min(m, lay.p)):
         for j in range(min(m, lay.q)):
             d = out_t[k0:k1, :, r::m, j::m]
-            scatter.append(finish(y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]], d))
+            scatter.append(finish(y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]], d,
+                                  res_t[k0:k1, :, r::m, j::m] if res_t is not None else None))
 
     tail = mm[:, k0:k1, lay.cols:]  # tiles the products skip (an image's last grid row): kept finite
 
