@@ -1,10 +1,12 @@
 """Intra-op parallelism for the cpu backend: the caller and a few worker threads share a step's tasks.
 
-numpy releases the GIL inside copies and ufunc loops, so threads running those run in parallel. BLAS
-products are left to OpenBLAS, which spreads them over the cores itself: products split into bands on
-single-threaded BLAS ran ~40% slower here (measured on ResNet-18), and so did im2col copies split over
-the pool (they contend with OpenBLAS's workers, which spin between products). What the pool runs is
-work with no BLAS in it: depthwise convolutions, over bands of channels.
+numpy releases the GIL inside copies, ufunc loops and BLAS calls, so threads running those run in parallel.
+While a backend's steps run, OpenBLAS is held to one thread (`one_blas_thread`) and the products are split
+over the pool instead, each part with its im2col or Winograd transforms: OpenBLAS's own workers spin between
+products and took the second core from the pool's numpy work (a Winograd conv split over the pool ran 2x
+slower next to OpenBLAS-threaded convs than next to convs split the same way), and its per-product thread
+hand-offs cost more than they save on the small products of Winograd (alpha^2 of them per conv). The pool
+also runs depthwise convolutions and max pooling, over bands of channels.
 """
 
 from __future__ import annotations

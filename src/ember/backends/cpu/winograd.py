@@ -1,16 +1,21 @@
 """Winograd F(m, 3) convolution on the cpu backend: the layouts and algorithm of ember.ops.winograd, in numpy.
 
 Per run, over all tiles at once:
-1. the input, padded, is copied into scratch (channels first: xp (C, N, Hp, Wp), Hp = tiles_h*m + 2);
-2. B^T d B, separable: the rows of every tile (a handful of slice adds and subtracts over the strided rows
-   i, i + m, i + 2m, ... of xp), then the columns, landing in V (alpha^2, C, N*tiles_h*tiles_w);
-3. alpha^2 BLAS products M[p] = U[p] @ V[p], one batched np.matmul;
+1. the input, padded, is copied into scratch split by row and column phase (row = g*m + phase), so that a
+   tile's alpha = m + 2 rows (columns) are m phase planes plus two of them shifted by one grid row (column);
+2. B^T d B, separable: columns, then rows, each a few ufunc calls over flat contiguous runs of those planes
+   (Layout computes one extra grid row and column of garbage tiles so the runs need no edges), into V
+   (alpha^2, C, tiles);
+3. the alpha^2 BLAS products M[p] = U[p] @ V[p], one batched np.matmul;
 4. the bias, added once per tile (to M[1, 1], which A^T . A spreads over the whole output tile with weight 1);
-5. A^T M A, separable again: rows into Z, then columns written straight into the output (through a scratch
-   tile grid where the output is not a whole number of tiles), then the activation in place.
+5. A^T M A, separable again, into a contiguous tile grid; then one pass scatters the tiles into the output,
+   adding the residual (where the runtime fused one) and applying the activation on the way.
 
-Every buffer is a view of the backend's shared scratch made at record time; the transforms are precompiled
-into lists of ufunc calls with their `out=` targets, so a run allocates nothing.
+`split` cuts the conv into parts for the pool's threads (images, bands of tile rows, or ranges of output
+channels after one shared input transform), each part a task that runs its own products with OpenBLAS held to
+one thread (backends/cpu/parallel.one_blas_thread). Every buffer is a view of the backend's shared scratch made
+at record time and the transforms are precompiled into lists of ufunc calls with their `out=` targets, so a
+run allocates nothing.
 """
 
 from __future__ import annotations
