@@ -110,6 +110,7 @@ class Model:
         self.outputs = [TensorInfo(v.name, v.shape, v.dtype) for v in graph.outputs]
         self._stats = {f"{p}.{arm}": 0 for p in PATTERNS for arm in ("fused", "fallback")}
         self._stats["attention.gemm"] = 0  # long sequences: GEMM + fused softmax + GEMM (ops/transformer.py)
+        self._stats["conv.winograd"] = 0  # 3x3 convs run by Winograd F(m, 3) (ops/nn.py)
         self.rewrites: dict[str, int] = {}
         self._host_inputs = host_value_inputs(graph)
         for vi in graph.inputs:
@@ -219,7 +220,7 @@ class Model:
             plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
             result = plan.run(arrays, output_names, keep_on_device)
             for k, v in plan.stats.items():
-                if k.endswith((".fused", ".fallback", ".gemm")) and k.split(".")[0] in PATTERNS:
+                if k == "conv.winograd" or k.endswith((".fused", ".fallback", ".gemm")) and k.split(".")[0] in PATTERNS:
                     self._stats[k] += v
         names = output_names if output_names is not None else [o.name for o in self.outputs]
         if self.precision == "f16" and not keep_on_device:
@@ -287,7 +288,8 @@ class Model:
 
     def stats(self) -> dict[str, int]:
         """Which arm ran for each fused pattern ("<pattern>.fused" / "<pattern>.fallback" for rmsnorm,
-        layernorm, softmax, gelu, attention): +1 per occurrence per run. Per model, safe under threads."""
+        layernorm, softmax, gelu, attention; "attention.gemm"; "conv.winograd" for 3x3 convs run by Winograd):
+        +1 per occurrence per run. Per model, safe under threads."""
         with self._lock:
             return dict(self._stats)
 

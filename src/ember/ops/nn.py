@@ -77,7 +77,7 @@ class Conv(Op):
 
             def record_wino(out: View, act: Expr | None, residual: View | None = None) -> list:
                 o4 = View.contiguous(out.handle, out.dtype, out_shape, out.offset)
-                kw = {"residual": conv_residual(ctx, residual, out_shape)} if residual is not None else {}
+                kw = {"residual": residual_view(ctx, residual, out_shape)} if residual is not None else {}
                 return ctx.backend.record_conv_winograd(xv, u, bias, o4, pads4, m, act, **kw)
 
             return [anchored(ctx, x.dtype, out_shape, record_wino, [xv, u, bias],
@@ -87,14 +87,14 @@ class Conv(Op):
 
         def record(out: View, act: Expr | None, residual: View | None = None) -> list:
             o4 = View.contiguous(out.handle, out.dtype, out4, out.offset)
-            kw = {"residual": conv_residual(ctx, residual, out4)} if residual is not None else {}
+            kw = {"residual": residual_view(ctx, residual, out4)} if residual is not None else {}
             return ctx.backend.record_conv(xv, wv, bias, o4, strides, (pads[0], pads[1], pads[2], pads[3]), dil, g,
                                            act, **kw)
 
         return [anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias], takes_bias=ctx.backend.conv_residual)]
 
 
-def conv_residual(ctx: Context, residual: View, out4: tuple[int, ...]) -> View:
+def residual_view(ctx: Context, residual: View, out4: tuple[int, ...]) -> View:
     """A residual connection the conv adds in its epilogue, as a view of the 4-D output's shape whose (P, Q) dims
     merge (what the kernels index); a layout that does not is copied first."""
     n, k, p, q = out4

@@ -17,8 +17,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..base import ComputeBackend, OutOfMemoryError, View
-from ..expr import Expr, eval_numpy
-from . import parallel
+from ..expr import Expr, call, eval_numpy, inp
+from . import parallel, winograd
 from .inplace import compile_inplace
 
 Step = Callable[[], None]
@@ -87,8 +87,11 @@ class CpuBackend(ComputeBackend):
         return [step]
 
     def execute(self, steps: list) -> None:
-        for step in steps:
-            step()
+        # Products run on the pool's threads, one OpenBLAS thread each (parallel.one_blas_thread): OpenBLAS's
+        # own workers, once woken, spin between products and would take the core from the pool's.
+        with parallel.one_blas_thread() if parallel.blas_pool() is not None else _NO_LOCK:
+            for step in steps:
+                step()
 
     def array(self, v: View) -> np.ndarray:
         """A numpy view (no copy) of a View."""
@@ -136,21 +139,44 @@ class CpuBackend(ComputeBackend):
         beta_ = dt.type(beta)
         if not any(np.may_share_memory(dst, v) for v in (av, bv, cv) if v is not None):
             # The product lands in the output and the epilogue runs there in place: no temporaries.
-            epilogue = _epilogue(act, dst)
-            scaled = np.empty_like(dst) if cv is not None and beta != 1.0 else None
+            def direct(av: np.ndarray, bv: np.ndarray, cv: np.ndarray | None, dst: np.ndarray) -> Step:
+                epilogue = _epilogue(act, dst)
+                scaled = np.empty_like(dst) if cv is not None and beta != 1.0 else None
 
-            def direct() -> None:
-                np.matmul(av, bv, out=dst)
-                if alpha != 1.0:
-                    np.multiply(dst, alpha_, out=dst)
-                if scaled is not None:
-                    np.add(dst, np.multiply(cv, beta_, out=scaled), out=dst)
-                elif cv is not None:
-                    np.add(dst, cv, out=dst)
-                if epilogue is not None:
-                    epilogue()
+                def run() -> None:
+                    np.matmul(av, bv, out=dst)
+                    if alpha != 1.0:
+                        np.multiply(dst, alpha_, out=dst)
+                    if scaled is not None:
+                        np.add(dst, np.multiply(cv, beta_, out=scaled), out=dst)
+                    elif cv is not None:
+                        np.add(dst, cv, out=dst)
+                    if epilogue is not None:
+                        epilogue()
 
-            return [direct]
+                return run
+
+            pool = parallel.blas_pool()
+            m_, k_, n_ = av.shape[-2], av.shape[-1], bv.shape[-1]
+            if pool is None or dst.size == 0 or dst.size // (m_ * n_) * m_ * n_ * k_ < _SPLIT_MACS:
+                return [direct(av, bv, cv, dst)]
+            # Parts of the output over the pool's threads: batch, else the longer of rows and columns (a wide
+            # product's threads then each read part of the weight).
+            axis = 0 if dst.ndim == 3 and dst.shape[0] >= pool.size else (-2 if m_ >= n_ else -1)
+
+            def part(v: np.ndarray | None, lo: int, hi: int, dim: int) -> np.ndarray | None:
+                if v is None:
+                    return None
+                ix = [slice(None)] * v.ndim
+                ix[dim] = slice(lo, hi)
+                return v[tuple(ix)]
+
+            tasks = []
+            for lo, hi in _chunks(dst.shape[axis], pool.size):
+                a_ = av if axis == -1 else part(av, lo, hi, axis)
+                b_ = bv if axis == -2 else part(bv, lo, hi, axis)
+                tasks.append(direct(a_, b_, part(cv, lo, hi, axis), part(dst, lo, hi, axis)))
+            return [functools.partial(pool.run, tasks)]
 
         def step() -> None:
             r = np.matmul(av, bv)
@@ -164,12 +190,18 @@ class CpuBackend(ComputeBackend):
 
         return [step]
 
+    conv_residual = True
+
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
                     act: Expr | None = None, residual: View | None = None) -> list[Step]:
-        if residual is not None:
-            raise NotImplementedError("cpu conv: no residual epilogue (conv_residual is False)")
         xv, wv, dst = self.array(x), self.array(w), self.array(out)
+        # With a residual, the parts add their bias only; one pass over the output then adds the residual and
+        # applies the activation (Winograd convs fold both into their last pass instead).
+        first = last = None
+        if residual is not None:
+            first, last = _residual_pass(act, dst, self.array(residual))
+            act = None
         bv = self.array(bias).reshape(-1, 1, 1) if bias is not None else None
         n, c, h, wd = x.shape
         k, cg, r, s = w.shape
@@ -178,9 +210,15 @@ class CpuBackend(ComputeBackend):
         kg, kk = k // groups, cg * r * s
         pool = parallel.pool()
         threads = pool.size if pool is not None else 1
+        # Products split over the pool's threads (each with one OpenBLAS thread), by output channels where the
+        # weight outweighs the columns (each thread then reads half of it), else by columns or rows of output.
+        bpool = parallel.blas_pool()
+        parts = bpool.size if bpool is not None and n * k * p * q * cg * r * s >= _SPLIT_MACS else 1
+        by_k = k // groups >= parts and k // groups * groups > n * p * q
+        b2 = self.array(bias).reshape(-1, 1) if bias is not None else None
 
         def finish(o: np.ndarray, ch: slice) -> Step:
-            """Bias add and activation in place on o, output channels `ch` of one image."""
+            """Bias add and activation in place on o, output channels `ch` of one image (depthwise)."""
             b = bv[ch] if bv is not None else None
             epilogue = _epilogue(act, o)
 
@@ -192,17 +230,30 @@ class CpuBackend(ComputeBackend):
 
             return run
 
-        def product(wm: np.ndarray, cols: np.ndarray, o: np.ndarray, ch: slice) -> Step:
-            """One BLAS product (OpenBLAS spreads it over the cores) into the output rows o, then their bias
-            and activation."""
-            o2 = _matrix(o)
-            done = finish(o, ch)
+        def product(wm: np.ndarray, cols: np.ndarray, o2: np.ndarray, ch: slice) -> Step:
+            """One BLAS product into the output matrix o2 (channels `ch` by positions), then its bias and
+            activation."""
+            b = b2[ch] if b2 is not None else None
+            epilogue = _epilogue(act, o2)
 
             def run() -> None:
                 np.matmul(wm, cols, out=o2)
-                done()
+                if b is not None:
+                    np.add(o2, b, out=o2)
+                if epilogue is not None:
+                    epilogue()
 
             return run
+
+        def products(wm: np.ndarray, cols: np.ndarray, o2: np.ndarray, k0: int, split: int) -> list[Step]:
+            """product() over `split` parts of the output channels (by_k) or of the columns."""
+            if by_k:
+                return [product(wm[a:b], cols, o2[a:b], slice(k0 + a, k0 + b)) for a, b in _chunks(len(wm), split)]
+            return [product(wm, cols[:, a:b], o2[:, a:b], slice(k0, k0 + len(wm)))
+                    for a, b in _chunks(cols.shape[1], split)]
+
+        def run_tasks(tasks: list[Step]) -> list[Step]:
+            return [functools.partial(bpool.run, tasks)] if len(tasks) > 1 and bpool is not None else tasks
 
         # `build` makes the step's parts, given the scratch buffer where the conv uses it.
         scratch: _Scratch | None = None
@@ -221,32 +272,97 @@ class CpuBackend(ComputeBackend):
         elif groups == 1 and r == s == 1 and sh == sw == 1 and not any(pads):
             # 1x1: the input already is the product's right-hand matrix.
             wmat, xmat = wv.reshape(k, c), xv.reshape(n, c, h * wd)
+            omat = dst.reshape(n, k, p * q)
 
             def build(_: np.ndarray | None) -> list[Step]:
-                return [product(wmat, xmat[i], dst[i], slice(None)) for i in range(n)]
+                per = 1 if n >= parts else parts
+                return run_tasks([t for i in range(n) for t in products(wmat, xmat[i], omat[i], 0, per)])
         else:
             # im2col, then products writing the output in place. The column matrices live in the backend's
             # shared scratch buffer: ResNet-18's would take 40 MB apart, each written cold (2.5 ms a run).
+            # Split over threads: by output channels (im2col first, whole), or by bands of output rows, each
+            # band's im2col and products one task.
             scratch = self._scratch
-            scratch.reserve(n * groups * kk * p * q * xv.dtype.itemsize)
+            r_ext = (r - 1) * dilation[0] + 1
+            row_bands = [(0, p)] if by_k or parts == 1 else _chunks(p, parts)
+            scratch.reserve(n * groups * kk * (p + len(row_bands)) * q * xv.dtype.itemsize)
             wmat = wv.reshape(groups, kg, kk)
 
             def build(buf: np.ndarray | None) -> list[Step]:
                 assert buf is not None
-                cols = buf.view(xv.dtype)[: n * groups * kk * p * q].reshape(n, groups, kk, p * q)
-                c6 = cols.reshape(n, c, r, s, p, q)
-                # im2col on the calling thread (split over the pool it was no faster: the copies contend with
-                # the spinning OpenBLAS workers), then one product per image and group.
-                products = [product(wmat[g], cols[i, g], dst[i, g * kg: (g + 1) * kg], slice(g * kg, (g + 1) * kg))
-                            for i in range(n) for g in range(groups)]
-                return [_im2col(xv, c6, stride, pads, dilation), *products]
+                tasks, off = [], 0
+                for p0, p1 in row_bands:
+                    (a, b), (top, bottom) = _row_band(h, pads[0], sh, r_ext, p0, p1)
+                    pb = p1 - p0
+                    size = n * groups * kk * pb * q
+                    cols = buf.view(xv.dtype)[off: off + size].reshape(n, groups, kk, pb * q)
+                    off += size
+                    c6 = cols.reshape(n, c, r, s, pb, q)
+                    ob = dst[:, :, p0:p1].reshape(n, groups, kg, pb * q)
+                    assert np.may_share_memory(ob, dst)
+                    fill = _im2col(xv[:, :, a:b], c6, stride, (top, pads[1], bottom, pads[3]), dilation)
+                    prods = [t for i in range(n) for g in range(groups)
+                             for t in products(wmat[g], cols[i, g], ob[i, g], g * kg, parts if by_k else 1)]
+                    tasks += [fill, *run_tasks(prods)] if by_k or len(row_bands) == 1 else [_seq(fill, *prods)]
+                return tasks if by_k or len(row_bands) == 1 else run_tasks(tasks)
 
         bound: list[Any] = [None, None]  # the scratch buffer the parts were built on, the parts
 
         def step() -> None:
+            if first is not None:
+                first()
             with scratch.lock if scratch is not None else _NO_LOCK:
                 buf = scratch.buf if scratch is not None else None
                 if bound[1] is None or bound[0] is not buf:  # first run, or the scratch grew since
+                    bound[:] = [buf, build(buf)]
+                for part in bound[1]:
+                    part()
+            if last is not None:
+                last()
+
+        return [step]
+
+    winograd_tiles = (2, 4)
+
+    def winograd_tile(self, n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
+        return winograd.choose(n, c, k, p, q, dtype)
+
+    def record_conv_winograd(self, x: View, u: View, bias: View | None, out: View, pads: tuple[int, int, int, int],
+                             m: int, act: Expr | None = None, residual: View | None = None) -> list[Step]:
+        xv, uv, dst = self.array(x), self.array(u), self.array(out)
+        bv = self.array(bias) if bias is not None else None
+        # A residual joins the last pass, which reads each element of it right where it writes the output.
+        rv = self.array(residual) if residual is not None else None
+        # Split over the pool's threads, each running its part whole (transforms and products, with OpenBLAS
+        # held to the calling thread): see parallel.one_blas_thread.
+        pool = parallel.blas_pool()
+        pieces = winograd.split(x.shape, out.shape[1], out.shape[2:], pads, m, pool.size if pool is not None else 1)
+        offsets = [0]
+        for *_, lay in pieces:
+            offsets.append(offsets[-1] + lay.elems)
+        # The transforms' buffers live in the shared scratch, as im2col's do (in cache from one conv to the next).
+        scratch = self._scratch
+        scratch.reserve(offsets[-1] * 4)
+
+        def build(buf: np.ndarray) -> list[Step]:
+            f32 = buf[:offsets[-1] * 4].view(np.float32)
+            tasks = []
+            for (xi, oi, lay), o0 in zip(pieces, offsets, strict=False):
+                o = dst[oi[0], :, oi[1]]
+                res = rv[oi[0], :, oi[1]] if rv is not None else None
+                first, outs = winograd.build(lay, xv[xi[0], :, xi[1]], uv, bv, o, f32[o0:o0 + lay.elems],
+                                             functools.partial(_act_into, act), res)
+                if len(outs) > 1:  # output channels over the threads, after the one input transform
+                    return [first, functools.partial(pool.run, outs)]
+                tasks.append(_seq(first, *outs))
+            return tasks if len(tasks) == 1 else [functools.partial(pool.run, tasks)]
+
+        bound: list[Any] = [None, None]  # the scratch buffer the tasks were built on, the tasks
+
+        def step() -> None:
+            with scratch.lock:
+                buf = scratch.buf
+                if bound[0] is not buf:  # first run, or the scratch grew since
                     bound[:] = [buf, build(buf)]
                 for part in bound[1]:
                     part()
@@ -313,7 +429,16 @@ class CpuBackend(ComputeBackend):
         (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = kernel, stride, pads, dilation
         oh, ow = out.shape[2:]
         if kind == "max":
-            return [_max_pool(xv, dst, kernel, stride, pads, dilation)]
+            # Separable: the maximum over each window's rows (strided rows, each read whole), then over its
+            # columns; NaN propagates through both. Bands of channels over the pool's threads.
+            pool = parallel.pool()
+            parts = pool.size if pool is not None and n * c * oh * w >= 1 << 16 else 1
+            rows = np.empty((n, c, oh, w), xv.dtype)
+            tasks = []
+            for c0, c1 in _chunks(c, parts):
+                tasks.append(_seq(_max_pool(xv[:, c0:c1], rows[:, c0:c1], (kh, 1), (sh, 1), (pt, 0, pb, 0), (dh, 1)),
+                                  _max_pool(rows[:, c0:c1], dst[:, c0:c1], (1, kw), (1, sw), (0, pl, 0, pr), (1, dw))))
+            return [functools.partial(pool.run, tasks) if len(tasks) > 1 else tasks[0]]
         # Pad far enough that every window (ceil_mode ones too) lies inside; the padding is -inf for max,
         # 0 for sums, and a 0/1 mask counts the real elements for the average.
         eh = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - (h + pt))
@@ -378,13 +503,34 @@ class CpuBackend(ComputeBackend):
             i, j = np.arange(sq)[:, None], np.arange(skv)[None, :]
             causal_mask = np.where(j <= i + (skv - sq), 0.0, -np.inf).astype(qv.dtype)
 
+        # Heads (else images) over the pool's threads when the products are large enough to split.
+        pool = parallel.blas_pool()
+        b_, h_ = q.shape[:2]
+        axis = 1 if pool is not None and h_ >= pool.size else 0
+        split = (pool is not None and b_ * h_ * sq * skv * q.shape[3] * 2 >= _SPLIT_MACS
+                 and q.shape[axis] >= pool.size)
+
         def step() -> None:
             kk = np.repeat(kv, rep, axis=1) if rep > 1 else kv
             vv2 = np.repeat(vv, rep, axis=1) if rep > 1 else vv
             m = mv
             if causal_mask is not None:
                 m = causal_mask if m is None else m + causal_mask
-            dst[...] = attention_numpy(qv, kk, vv2, qv.dtype.type(scale), m)
+            sc = qv.dtype.type(scale)
+            if not split:
+                dst[...] = attention_numpy(qv, kk, vv2, sc, m)
+                return
+
+            def part(lo: int, hi: int) -> Step:
+                ix = (slice(None), slice(lo, hi)) if axis == 1 else (slice(lo, hi),)
+                mm = m[ix] if m is not None and m.ndim == 4 else m
+
+                def run() -> None:
+                    dst[ix] = attention_numpy(qv[ix], kk[ix], vv2[ix], sc, mm)
+
+                return run
+
+            pool.run([part(lo, hi) for lo, hi in _chunks(q.shape[axis], pool.size)])
 
         return [step]
 
@@ -442,12 +588,17 @@ def _chunks(total: int, parts: int) -> list[tuple[int, int]]:
     return [(total * i // parts, total * (i + 1) // parts) for i in range(parts)]
 
 
-def _matrix(o: np.ndarray) -> np.ndarray:
-    """o (rows, ...) as a 2-D view (rows, -1) for a product's `out=`; it must not be a copy."""
-    m = o.reshape(o.shape[0], -1)
-    if not np.may_share_memory(m, o):
-        raise AssertionError("conv output block is not a view")
-    return m
+# Products smaller than this (multiply-adds) run whole on the calling thread: a hand-off to the pool costs more.
+_SPLIT_MACS = 1 << 20
+
+
+def _row_band(h: int, pad: int, st: int, extent: int, p0: int, p1: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The input rows [a, b) that output rows [p0, p1) of a window op read, and the band's own (top, bottom)
+    padding: a conv over x[..., a:b, :] with those pads gives exactly those output rows."""
+    lo, hi = p0 * st - pad, (p1 - 1) * st + extent - pad
+    a = min(max(0, lo), h)
+    b = max(a, min(h, hi))
+    return (a, b), (a - lo, hi - b)
 
 
 def _seq(*steps: Step) -> Step:
@@ -456,6 +607,42 @@ def _seq(*steps: Step) -> Step:
             st()
 
     return run
+
+
+def _act_into(act: Expr | None, src: np.ndarray, dst: np.ndarray, res: np.ndarray | None = None) -> Step:
+    """A step writing act(src [+ res]) into dst (a copy where there is neither): an epilogue fused into a copy."""
+    if res is not None:
+        expr = call("add", inp(0), inp(1))
+        act = expr if act is None else _substitute(act, expr)
+    if act is None:
+        return functools.partial(np.copyto, dst, src)
+    ins = [src] if res is None else [src, res]
+    fast = compile_inplace(act, ins, dst)
+    if fast is not None:
+        return fast
+
+    def step() -> None:
+        dst[...] = eval_numpy(act, ins, dst.dtype)
+
+    return step
+
+
+def _residual_pass(act: Expr | None, dst: np.ndarray, res: np.ndarray) -> tuple[Step | None, Step]:
+    """(before, after): `after` makes dst = act(dst + res) in place once the conv wrote dst; where res shares
+    memory with dst, `before` copies it away first (the conv would overwrite it), else it is None."""
+    if np.may_share_memory(dst, res):
+        own = np.empty(res.shape, res.dtype)
+        return functools.partial(np.copyto, own, res), _act_into(act, dst, dst, own)
+    return None, _act_into(act, dst, dst, res)
+
+
+def _substitute(e: Expr, by: Expr) -> Expr:
+    """e with its input 0 replaced by `by`."""
+    if e.op == "in":
+        return by
+    if not e.args:
+        return e
+    return Expr(e.op, tuple(_substitute(a, by) for a in e.args), e.value, e.kind)
 
 
 def _epilogue(act: Expr | None, dst: np.ndarray) -> Step | None:

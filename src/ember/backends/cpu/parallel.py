@@ -1,10 +1,12 @@
 """Intra-op parallelism for the cpu backend: the caller and a few worker threads share a step's tasks.
 
-numpy releases the GIL inside copies and ufunc loops, so threads running those run in parallel. BLAS
-products are left to OpenBLAS, which spreads them over the cores itself: products split into bands on
-single-threaded BLAS ran ~40% slower here (measured on ResNet-18), and so did im2col copies split over
-the pool (they contend with OpenBLAS's workers, which spin between products). What the pool runs is
-work with no BLAS in it: depthwise convolutions, over bands of channels.
+numpy releases the GIL inside copies, ufunc loops and BLAS calls, so threads running those run in parallel.
+While a backend's steps run, OpenBLAS is held to one thread (`one_blas_thread`) and the products are split
+over the pool instead, each part with its im2col or Winograd transforms: OpenBLAS's own workers spin between
+products and took the second core from the pool's numpy work (a Winograd conv split over the pool ran 2x
+slower next to OpenBLAS-threaded convs than next to convs split the same way), and its per-product thread
+hand-offs cost more than they save on the small products of Winograd (alpha^2 of them per conv). The pool
+also runs depthwise convolutions and max pooling, over bands of channels.
 """
 
 from __future__ import annotations
@@ -79,3 +81,80 @@ def pool() -> Pool | None:
             threads = int(raw)
             _pool.append(Pool(threads - 1) if threads > 1 else None)
         return _pool[0]
+
+
+class _OneBlasThread:
+    """A context in which OpenBLAS runs every product on the calling thread, so that the pool's threads can each
+    run their own products side by side: the alpha^2 small products of a Winograd conv ran 1.7-1.9x faster as
+    two single-threaded halves than as OpenBLAS's own two-thread products (47-55 against 81-93 GMAC/s on 2
+    cores), whose per-product thread hand-offs dominate at those sizes.
+
+    OpenBLAS's thread count is process-wide (its `_local` setter too, in pthreads builds), so entries nest by a
+    count: the first saves and sets 1, the last restores. Code outside ember running BLAS meanwhile only runs
+    slower, never wrong."""
+
+    def __init__(self, get: Callable[[], int], put: Callable[[int], None]) -> None:
+        self._get, self._set = get, put
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._saved = 1
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._saved = self._get()
+                self._set(1)
+            self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                self._set(self._saved)
+
+
+_blas: list[_OneBlasThread | None] = []
+
+
+def blas_pool() -> Pool | None:
+    """The pool to split BLAS products over: there is one and OpenBLAS can be held to one thread."""
+    p = pool()
+    return p if p is not None and one_blas_thread() is not None else None
+
+
+def one_blas_thread() -> _OneBlasThread | None:
+    """The context that holds numpy's OpenBLAS to one thread, or None where numpy's BLAS is not an OpenBLAS
+    found loaded in this process (then products stay on OpenBLAS's own threads)."""
+    with _lock:
+        if not _blas:
+            _blas.append(_find_openblas())
+        return _blas[0]
+
+
+def _find_openblas() -> _OneBlasThread | None:
+    import ctypes
+
+    import numpy as np
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {p for p in (line.split()[-1] for line in f) if p.startswith("/")
+                     and "openblas" in os.path.basename(p).lower() and ".so" in os.path.basename(p)}
+    except OSError:  # not Linux
+        return None
+    here = os.path.dirname(os.path.dirname(np.__file__))
+    # numpy's own copy first (a wheel's numpy.libs/), where other packages load OpenBLASes of their own.
+    for path in sorted(paths, key=lambda p: not p.startswith(here)):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for get_name, set_name in (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+                                   ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
+                                   ("openblas_get_num_threads", "openblas_set_num_threads")):
+            get, put = getattr(lib, get_name, None), getattr(lib, set_name, None)
+            if get is not None and put is not None:
+                get.restype, get.argtypes = ctypes.c_int, []
+                put.restype, put.argtypes = None, [ctypes.c_int]
+                return _OneBlasThread(get, put)
+    return None

@@ -1,0 +1,164 @@
+"""The cpu backend splits large products over its thread pool (one OpenBLAS thread each): convs by bands of
+output rows or by output channels, 1x1 convs by columns or channels, matmuls by batch, rows or columns, max
+pooling by channels. Each split must give the whole op's result; shapes here are large enough to split."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from ember.backends.base import View
+from ember.backends.cpu import CpuBackend, parallel
+from ember.backends.expr import call, const, eval_numpy, inp
+
+from .helpers import download, poisoned, rel_err, upload
+from .test_conv2d import F32, TOL, conv_ref, out_hw
+
+RELU = call("relu", inp(0))
+
+CONVS = [
+    # (N, C, H, W), (K, R, S), stride, pads, dilation, groups, bias, act
+    ((1, 16, 20, 20), (32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True, RELU),  # rows
+    ((1, 3, 61, 57), (16, 7, 7), (2, 2), (3, 2, 3, 1), (1, 1), 1, True, None),  # a stem: rows, phases
+    ((1, 64, 4, 4), (128, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True, RELU),  # weight-heavy: channels
+    ((1, 64, 7, 6), (192, 3, 3), (2, 2), (1, 0, 1, 1), (1, 1), 1, False, None),  # strided, channels
+    ((2, 16, 18, 18), (32, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 2, True, None),  # dilated, grouped, batch
+    ((1, 64, 24, 24), (64, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, True, RELU),  # 1x1: columns
+    ((1, 256, 5, 5), (512, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, True, None),  # 1x1: channels
+    ((3, 64, 12, 12), (64, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, False, None),  # 1x1: images
+    ((1, 64, 47, 47), (96, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1, True, None),  # strided 1x1: im2col rows
+]
+
+
+@pytest.mark.parametrize(("xshape", "wshape", "stride", "pads", "dil", "groups", "with_bias", "act"), CONVS,
+                         ids=[f"{c[0]}-{c[1]}-s{c[2][0]}-g{c[5]}" for c in CONVS])
+def test_conv_split_matches_reference(xshape, wshape, stride, pads, dil, groups, with_bias, act,
+                                      rng: np.random.Generator) -> None:
+    be = CpuBackend().init()
+    n, c, h, w = xshape
+    k, r, s = wshape
+    x = rng.standard_normal(xshape).astype(np.float32)
+    f = rng.standard_normal((k, c // groups, r, s)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32) if with_bias else None
+    p, q = out_hw(h, w, r, s, stride, pads, dil)
+    hx, hf, ho = upload(be, x), upload(be, f), poisoned(be, n * k * p * q)
+    bias = View.contiguous(upload(be, b), F32, (k,)) if b is not None else None
+    steps = be.record_conv(View.contiguous(hx, F32, xshape), View.contiguous(hf, F32, f.shape), bias,
+                           View.contiguous(ho, F32, (n, k, p, q)), stride, pads, dil, groups, act)
+    ref = conv_ref(x, f, b, stride, pads, dil, groups, act)
+    for _ in range(2):
+        be.execute(steps)
+        assert rel_err(download(be, ho, (n, k, p, q)), ref) <= TOL
+
+
+MATMULS = [
+    # a (B, M, K), b (B, K, N), bias shape or None, alpha, beta, act
+    ((4, 64, 96), (4, 96, 80), None, 1.0, 1.0, None),  # batch
+    ((1, 300, 128), (1, 128, 64), (64,), 1.0, 1.0, RELU),  # rows
+    ((1, 4, 512), (1, 512, 1000), (1000,), 0.5, 2.0, None),  # columns (an FC layer)
+    ((1, 1, 2048), (1, 2048, 1000), (1, 1000), 1.0, 1.0, call("sigmoid", inp(0))),  # one row: columns
+    ((3, 100, 64), (1, 64, 200), (3, 100, 200), 1.0, -1.0, None),  # b broadcast over the batch
+]
+
+
+@pytest.mark.parametrize(("ashape", "bshape", "bias_shape", "alpha", "beta", "act"), MATMULS,
+                         ids=[f"{m[0]}x{m[1]}" for m in MATMULS])
+def test_matmul_split_matches_reference(ashape, bshape, bias_shape, alpha, beta, act,
+                                        rng: np.random.Generator) -> None:
+    be = CpuBackend().init()
+    a = rng.standard_normal(ashape).astype(np.float32)
+    bm = rng.standard_normal(bshape).astype(np.float32)
+    out_shape = (max(ashape[0], bshape[0]), ashape[1], bshape[2])
+    av = View.contiguous(upload(be, a), F32, ashape).broadcast_to((out_shape[0], *ashape[1:]))
+    bv = View.contiguous(upload(be, bm), F32, bshape).broadcast_to((out_shape[0], *bshape[1:]))
+    c = rng.standard_normal(bias_shape).astype(np.float32) if bias_shape is not None else None
+    cv = View.contiguous(upload(be, c), F32, bias_shape) if c is not None else None
+    ho = poisoned(be, int(np.prod(out_shape)))
+    steps = be.record_matmul(av, bv, View.contiguous(ho, F32, out_shape), alpha=alpha, bias=cv, beta=beta, act=act)
+    assert isinstance(steps[0], functools.partial)  # pool.run over the parts
+    ref = alpha * np.matmul(a.astype(np.float64), bm.astype(np.float64))
+    if c is not None:
+        ref = ref + beta * c.astype(np.float64)
+    if act is not None:
+        ref = eval_numpy(act, [ref], np.float64)
+    be.execute(steps)
+    assert rel_err(download(be, ho, out_shape), np.broadcast_to(ref, out_shape)) <= TOL
+
+
+@pytest.mark.parametrize(("xshape", "kernel", "stride", "pads", "dil"), [
+    ((1, 64, 112, 112), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),  # ResNet's
+    ((2, 5, 33, 31), (3, 2), (2, 3), (1, 0, 2, 1), (1, 2)),
+    ((1, 3, 9, 9), (5, 5), (1, 1), (4, 4, 4, 4), (1, 1)),  # windows of padding only: -inf
+])
+def test_max_pool_separable(xshape, kernel, stride, pads, dil, rng: np.random.Generator) -> None:
+    be = CpuBackend().init()
+    x = rng.standard_normal(xshape).astype(np.float32)
+    x.reshape(-1)[:: 97] = np.nan  # NaN propagates
+    n, c, h, w = xshape
+    (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = kernel, stride, pads, dil
+    p, q = out_hw(h, w, kh, kw, stride, pads, dil)
+    hx, ho = upload(be, x), poisoned(be, n * c * p * q)
+    be.execute(be.record_pool("max", View.contiguous(hx, F32, xshape), View.contiguous(ho, F32, (n, c, p, q)),
+                              kernel, stride, pads, dil, False))
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=-np.inf)
+    taps = [xp[:, :, i * dh: i * dh + (p - 1) * sh + 1: sh, j * dw: j * dw + (q - 1) * sw + 1: sw]
+            for i in range(kh) for j in range(kw)]
+    ref = taps[0]
+    for t in taps[1:]:
+        ref = np.maximum(ref, t)
+    np.testing.assert_array_equal(download(be, ho, (n, c, p, q)), ref)
+
+
+def test_blas_thread_count_restored() -> None:
+    """Running steps holds OpenBLAS to one thread and gives its count back afterwards, nested runs included."""
+    hold = parallel.one_blas_thread()
+    if parallel.blas_pool() is None:
+        pytest.fail("this machine's numpy should have an OpenBLAS ember can hold to one thread, and 2+ cores")
+    before = hold._get()
+    be = CpuBackend().init()
+    h = upload(be, np.ones(4, np.float32))
+    seen = []
+    be.execute([lambda: seen.append(hold._get()), lambda: be.execute([lambda: seen.append(hold._get())]),
+                lambda: seen.append(hold._get())])
+    assert seen == [1, 1, 1]
+    assert hold._get() == before
+    be.free(h)
+
+
+def test_relu6_epilogue_on_split_conv(rng: np.random.Generator) -> None:
+    """A clip epilogue (compiled once per part) on a conv split by rows."""
+    be = CpuBackend().init()
+    act = call("min", call("max", inp(0), const(0.0)), const(6.0))
+    x = rng.standard_normal((1, 16, 30, 30)).astype(np.float32) * 3
+    f = rng.standard_normal((24, 16, 3, 3)).astype(np.float32)
+    hx, hf, ho = upload(be, x), upload(be, f), poisoned(be, 24 * 28 * 28)
+    be.execute(be.record_conv(View.contiguous(hx, F32, x.shape), View.contiguous(hf, F32, f.shape), None,
+                              View.contiguous(ho, F32, (1, 24, 28, 28)), (1, 1), (0, 0, 0, 0), (1, 1), 1, act))
+    assert rel_err(download(be, ho, (1, 24, 28, 28)), conv_ref(x, f, act=act)) <= TOL
+
+
+@pytest.mark.parametrize(("b", "hq", "hkv", "causal", "masked"), [(1, 4, 4, False, True), (1, 8, 2, True, False),
+                                                                (3, 1, 1, True, True)])
+def test_attention_split_matches_whole(b, hq, hkv, causal, masked, rng: np.random.Generator) -> None:
+    from ember.backends.cpu.backend import attention_numpy
+
+    be = CpuBackend().init()
+    sq, skv, d = 96, 128, 64
+    q = rng.standard_normal((b, hq, sq, d)).astype(np.float32)
+    k = rng.standard_normal((b, hkv, skv, d)).astype(np.float32)
+    v = rng.standard_normal((b, hkv, skv, d)).astype(np.float32)
+    mask = rng.standard_normal((1, 1, sq, skv)).astype(np.float32) if masked else None
+    views = [View.contiguous(upload(be, a), F32, a.shape) for a in (q, k, v)]
+    mv = View.contiguous(upload(be, mask), F32, mask.shape).broadcast_to((b, hq, sq, skv)) if masked else None
+    ho = poisoned(be, b * hq * sq * d)
+    be.execute(be.record_attention_views(*views, mv, View.contiguous(ho, F32, (b, hq, sq, d)), 0.125, causal))
+    rep = hq // hkv
+    m = np.broadcast_to(mask, (b, hq, sq, skv)) if masked else None
+    if causal:
+        i, j = np.arange(sq)[:, None], np.arange(skv)[None, :]
+        cm = np.where(j <= i + (skv - sq), 0.0, -np.inf).astype(np.float32)
+        m = cm if m is None else m + cm
+    ref = attention_numpy(q, np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1), np.float32(0.125), m)
+    assert rel_err(download(be, ho, (b, hq, sq, d)), ref) <= 1e-5
