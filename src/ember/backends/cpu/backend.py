@@ -331,8 +331,13 @@ class CpuBackend(ComputeBackend):
                              m: int, act: Expr | None = None, residual: View | None = None) -> list[Step]:
         xv, uv, dst = self.array(x), self.array(u), self.array(out)
         bv = self.array(bias) if bias is not None else None
-        # A residual joins the last pass, which reads each element of it right where it writes the output.
+        # A residual joins the epilogue, after the tiles are in the output: one that shares the output's memory
+        # is copied away first.
         rv = self.array(residual) if residual is not None else None
+        keep: Step | None = None
+        if rv is not None and np.may_share_memory(rv, dst):
+            own = np.empty(rv.shape, rv.dtype)
+            keep, rv = functools.partial(np.copyto, own, rv), own
         # Split over the pool's threads, each running its part whole (transforms and products, with OpenBLAS
         # held to the calling thread): see parallel.one_blas_thread.
         pool = parallel.blas_pool()
@@ -351,7 +356,7 @@ class CpuBackend(ComputeBackend):
                 o = dst[oi[0], :, oi[1]]
                 res = rv[oi[0], :, oi[1]] if rv is not None else None
                 first, outs = winograd.build(lay, xv[xi[0], :, xi[1]], uv, bv, o, f32[o0:o0 + lay.elems],
-                                             functools.partial(_act_into, act), res)
+                                             functools.partial(_epilogue, act), res)
                 if len(outs) > 1:  # output channels over the threads, after the one input transform
                     return [first, functools.partial(pool.run, outs)]
                 tasks.append(_seq(first, *outs))
@@ -360,6 +365,8 @@ class CpuBackend(ComputeBackend):
         bound: list[Any] = [None, None]  # the scratch buffer the tasks were built on, the tasks
 
         def step() -> None:
+            if keep is not None:
+                keep()
             with scratch.lock:
                 buf = scratch.buf
                 if bound[0] is not buf:  # first run, or the scratch grew since
@@ -609,31 +616,17 @@ def _seq(*steps: Step) -> Step:
     return run
 
 
-def _act_into(act: Expr | None, src: np.ndarray, dst: np.ndarray, res: np.ndarray | None = None) -> Step:
-    """A step writing act(src [+ res]) into dst (a copy where there is neither): an epilogue fused into a copy."""
-    if res is not None:
-        expr = call("add", inp(0), inp(1))
-        act = expr if act is None else _substitute(act, expr)
-    if act is None:
-        return functools.partial(np.copyto, dst, src)
-    ins = [src] if res is None else [src, res]
-    fast = compile_inplace(act, ins, dst)
-    if fast is not None:
-        return fast
-
-    def step() -> None:
-        dst[...] = eval_numpy(act, ins, dst.dtype)
-
-    return step
-
-
 def _residual_pass(act: Expr | None, dst: np.ndarray, res: np.ndarray) -> tuple[Step | None, Step]:
     """(before, after): `after` makes dst = act(dst + res) in place once the conv wrote dst; where res shares
     memory with dst, `before` copies it away first (the conv would overwrite it), else it is None."""
     if np.may_share_memory(dst, res):
         own = np.empty(res.shape, res.dtype)
-        return functools.partial(np.copyto, own, res), _act_into(act, dst, dst, own)
-    return None, _act_into(act, dst, dst, res)
+        after = _epilogue(act, dst, own)
+        assert after is not None
+        return functools.partial(np.copyto, own, res), after
+    after = _epilogue(act, dst, res)
+    assert after is not None
+    return None, after
 
 
 def _substitute(e: Expr, by: Expr) -> Expr:
@@ -645,16 +638,21 @@ def _substitute(e: Expr, by: Expr) -> Expr:
     return Expr(e.op, tuple(_substitute(a, by) for a in e.args), e.value, e.kind)
 
 
-def _epilogue(act: Expr | None, dst: np.ndarray) -> Step | None:
-    """`act` over the accumulator dst, in place: compiled to ufunc calls where it is plain float arithmetic."""
+def _epilogue(act: Expr | None, dst: np.ndarray, res: np.ndarray | None = None) -> Step | None:
+    """`act` over the accumulator dst (plus `res`), in place: compiled to ufunc calls where it is plain float
+    arithmetic."""
+    if res is not None:
+        add = call("add", inp(0), inp(1))
+        act = add if act is None else _substitute(act, add)
     if act is None:
         return None
-    fast = compile_inplace(act, [dst], dst, clobber=0)
+    ins = [dst] if res is None else [dst, res]
+    fast = compile_inplace(act, ins, dst, clobber=0)
     if fast is not None:
         return fast
 
     def step() -> None:
-        dst[...] = eval_numpy(act, [dst], dst.dtype)
+        dst[...] = eval_numpy(act, ins, dst.dtype)
 
     return step
 

@@ -141,10 +141,11 @@ def _phase_span(phase: int, m: int, pad: int, size: int, grid: int) -> tuple[int
 
 
 def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, dst: np.ndarray, buf: np.ndarray,
-          finish: Callable[..., Step], res: np.ndarray | None = None) -> tuple[Step, list[Step]]:
+          epilogue: Callable[..., Step | None], res: np.ndarray | None = None) -> tuple[Step, list[Step]]:
     """The steps of one conv over the scratch `buf` (float32 elements): xv (N, C, H, W), uv (alpha^2, K, C),
-    bv (K,) or None, dst (N, K, P, Q); `finish(src, out, res)` makes the step writing act(src + res) into `out`
-    (the activation, or a copy; res a part of the residual `res` (N, K, P, Q), or None).
+    bv (K,) or None, dst (N, K, P, Q); `epilogue(out, res)` makes the step computing out = act(out + res) in
+    place (res: the same part of the residual `res` (N, K, P, Q), or None), or returns None where there is
+    nothing to do.
 
     Returns the input transform, then one task per range of output channels (lay.kranges: products, output
     transform, bias and activation), which may run side by side once the input transform ran."""
@@ -207,16 +208,14 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
     z = lay.take(buf, "z", (m, a, kg))
     y = lay.take(buf, "y", (m, m, kg))
     y6 = y.reshape(m, m, k, n, hq, wq)
-    out_t = dst.transpose(1, 0, 2, 3)
-    res_t = res.transpose(1, 0, 2, 3) if res is not None else None
     vc = v[:, :, :lay.cols]
-    return transform_in, [_output_task(lay, i, k0, k1, uv, vc, mm, mr, z, y6, out_t, res_t, bv, buf, finish)
+    return transform_in, [_output_task(lay, i, k0, k1, uv, vc, mm, mr, z, y6, dst, res, bv, buf, epilogue)
                           for i, (k0, k1) in enumerate(lay.kranges)]
 
 
 def _output_task(lay: Layout, i: int, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, mm: np.ndarray,
-                 mr: np.ndarray, z: np.ndarray, y6: np.ndarray, out_t: np.ndarray, res_t: np.ndarray | None,
-                 bv: np.ndarray | None, buf: np.ndarray, finish: Callable[..., Step]) -> Step:
+                 mr: np.ndarray, z: np.ndarray, y6: np.ndarray, dst: np.ndarray, res: np.ndarray | None,
+                 bv: np.ndarray | None, buf: np.ndarray, epilogue: Callable[..., Step | None]) -> Step:
     """Output channels [k0, k1): their products, A^T M A, bias, the tiles into the output, the activation."""
     m, a, g = lay.m, lay.a, lay.g
     ks = slice(k0 * g, k1 * g)
@@ -236,14 +235,17 @@ def _output_task(lay: Layout, i: int, k0: int, k1: int, uv: np.ndarray, vc: np.n
                              temps((a, span)))
     post += output_transform(m, [z[:, nu, ks] for nu in range(a)], [y6.reshape(m, m, -1)[:, j, ks] for j in range(m)],
                              temps((m, span)))
-    # 5. The tiles into the output, through the residual and activation: y[i, j, k, n, gr, gc] -> out[n, k,
-    # gr*m + i, gc*m + j].
+    # 5. The tiles into the output: y[i, j, k, n, gr, gc] -> out[n, k, gr*m + i, gc*m + j]; then the residual
+    # and activation in place over this range of the output. Copies are the fastest strided pass numpy has:
+    # the activation (and residual) fused into these strided writes took 1.8x (3.3x) as long as the copies
+    # plus one contiguous pass (measured on a 64 x 28 x 56 band).
+    out_t = dst.transpose(1, 0, 2, 3)
     scatter = []
     for r in range(min(m, lay.p)):
         for j in range(min(m, lay.q)):
             d = out_t[k0:k1, :, r::m, j::m]
-            scatter.append(finish(y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]], d,
-                                  res_t[k0:k1, :, r::m, j::m] if res_t is not None else None))
+            scatter.append((d, y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]]))
+    last = epilogue(dst[:, k0:k1], res[:, k0:k1] if res is not None else None)
 
     tail = mm[:, k0:k1, lay.cols:]  # tiles the products skip (an image's last grid row): kept finite
 
@@ -253,8 +255,10 @@ def _output_task(lay: Layout, i: int, k0: int, k1: int, uv: np.ndarray, vc: np.n
             tail.fill(0)
         for fn, args, out in post:
             fn(*args, out=out)
-        for part in scatter:
-            part()
+        for d_, s_ in scatter:
+            np.copyto(d_, s_)
+        if last is not None:
+            last()
 
     return run
 
