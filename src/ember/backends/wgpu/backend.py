@@ -100,6 +100,8 @@ class StagedInput:
         lib = _raw_lib()
         if array.size * self.dtype.itemsize != self.nbytes:
             raise ValueError(f"staged input: {array.nbytes} bytes given for a {self.nbytes}-byte input")
+        if self.cell[0] == -1:  # written last time but never submitted (a later input of that run failed)
+            self.submitted()
         while self.cell[0] == 0:  # the map requested after the last submit: done once that run is
             lib.wgpuDevicePoll(self.be.device._internal, 1, _NULL)
         if self.cell[0] != lib.WGPUMapAsyncStatus_Success:

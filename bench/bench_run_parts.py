@@ -1,0 +1,81 @@
+"""Where one Model.run's wall time goes on the wgpu backend: input writes, submit, GPU wait + readback.
+
+    PYTHONPATH=src python bench/bench_run_parts.py [--models resnet18_b8] [--repeat 40]
+
+Replays the plan's run step by step with timers (the same calls Plan.run makes), medians of `repeat`:
+  write   writing every input (StagedInput: memcpy into the mapped staging buffer + unmap)
+  submit  execute_prepared (submit of the command buffer encoded ahead, then encoding the next one)
+  wait    reading the outputs (waits for the GPU, maps the readback buffer, copies out)
+and the GPU time of the run's command buffer with and without the staged-input copies (timestamps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+from bench_models import workloads  # noqa: E402
+
+import ember  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--models", default="resnet18_b8")
+    ap.add_argument("--repeat", type=int, default=40)
+    args = ap.parse_args()
+    for name in args.models.split(","):
+        path, feeds, _ = workloads()[name]()
+        model = ember.load_onnx(path, backend="wgpu")
+        for _ in range(10):
+            model.run(feeds)
+        plan = next(iter(model._plans.values()))
+        be = plan.backend
+        replay, _, readers = plan._readback
+        parts: dict[str, list[float]] = {"write": [], "submit": [], "wait": [], "run": []}
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            staged = []
+            for n, _t, write in plan._writers:
+                write(feeds[n])
+                if hasattr(write, "steps"):
+                    staged.append(write)
+            t1 = time.perf_counter()
+            be.execute_prepared(replay)
+            for w in staged:
+                w.submitted()
+            t2 = time.perf_counter()
+            for n in readers:
+                readers[n]()
+            t3 = time.perf_counter()
+            parts["write"].append(t1 - t0)
+            parts["submit"].append(t2 - t1)
+            parts["wait"].append(t3 - t2)
+            t4 = time.perf_counter()
+            model.run(feeds)
+            parts["run"].append(time.perf_counter() - t4)
+        med = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
+        staged = [(n, w) for n, _, w in plan._writers if hasattr(w, "steps")]
+        gpu = be.gpu_time(plan.steps)
+        for n, w in staged:  # written (unmapped): a mapped staging buffer must never be submitted
+            w(feeds[n])
+        gpu_in = be.gpu_time([s for _, w in staged for s in w.steps] + plan.steps)
+        for _, w in staged:
+            w.submitted()
+        print(f"{name}: run {med['run']:.3f} ms = write {med['write']:.3f} + submit {med['submit']:.3f} + wait "
+              f"{med['wait']:.3f}; GPU {gpu:.3f} ms, with the input copies {gpu_in:.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
