@@ -13,8 +13,6 @@ This is what the cost model in ember/backends/cpu/winograd.py (`choose`) was mea
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import sys
 import time
 from pathlib import Path
@@ -24,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from ember.backends.base import View  # noqa: E402
-from ember.backends.cpu import CpuBackend, parallel  # noqa: E402
+from ember.backends.cpu import CpuBackend  # noqa: E402
 from ember.ops import winograd  # noqa: E402
 
 F32 = np.dtype(np.float32)
@@ -82,27 +80,19 @@ def pick(ts: list[float]) -> float:
 
 
 def parts(be: CpuBackend, steps: list, runs: int) -> str:
-    """Median time of each part the first Winograd step runs (it builds them on its first run): the input
-    transform, then the pool's tasks (products and output transforms), as `execute` runs them."""
+    """Median time of each part the Winograd step runs (it builds them on its first run)."""
     step = steps[0]
     cells = step.__closure__ or ()
     bound = next(cl.cell_contents for cl in cells if isinstance(cl.cell_contents, list)
                  and len(cl.cell_contents) == 2 and isinstance(cl.cell_contents[1], list))
     times: list[list[float]] = [[] for _ in bound[1]]
-    hold = parallel.one_blas_thread() if parallel.blas_pool() is not None else contextlib.nullcontext()
-    with hold:
-        for _ in range(runs):
-            for i, part in enumerate(bound[1]):
-                t0 = time.perf_counter()
-                part()
-                times[i].append((time.perf_counter() - t0) * 1e3)
-
-    def name(p: object) -> str:
-        if isinstance(p, functools.partial):
-            return f"{len(p.args[0])} tasks on the pool"
-        return getattr(p, "__name__", "?")
-
-    return ", ".join(f"{name(p)} {pick(t):.3f}" for p, t in zip(bound[1], times, strict=True))
+    for _ in range(runs):
+        for i, part in enumerate(bound[1]):
+            t0 = time.perf_counter()
+            part()
+            times[i].append((time.perf_counter() - t0) * 1e3)
+    return " ".join(f"{getattr(p, '__name__', '?')} {pick(t):.3f}" for p, t in zip(bound[1], times,
+                                                                                                 strict=True))
 
 
 if __name__ == "__main__":
