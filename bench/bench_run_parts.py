@@ -3,10 +3,10 @@
     PYTHONPATH=src python bench/bench_run_parts.py [--models resnet18_b8] [--repeat 40]
 
 Replays the plan's run step by step with timers (the same calls Plan.run makes), medians of `repeat`:
-  write   writing every input (StagedInput: memcpy into the mapped staging buffer + unmap)
+  write   writing every input (wgpuQueueWriteBuffer: a memcpy into wgpu's staging memory)
   submit  execute_prepared (submit of the command buffer encoded ahead, then encoding the next one)
   wait    reading the outputs (waits for the GPU, maps the readback buffer, copies out)
-and the GPU time of the run's command buffer with and without the staged-input copies (timestamps).
+and the GPU time of the run's steps (timestamps).
 """
 
 from __future__ import annotations
@@ -45,15 +45,10 @@ def main() -> int:
         parts: dict[str, list[float]] = {"write": [], "submit": [], "wait": [], "run": []}
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            staged = []
             for n, _t, write in plan._writers:
                 write(feeds[n])
-                if hasattr(write, "steps"):
-                    staged.append(write)
             t1 = time.perf_counter()
             be.execute_prepared(replay)
-            for w in staged:
-                w.submitted()
             t2 = time.perf_counter()
             for n in readers:
                 readers[n]()
@@ -65,15 +60,9 @@ def main() -> int:
             model.run(feeds)
             parts["run"].append(time.perf_counter() - t4)
         med = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
-        staged = [(n, w) for n, _, w in plan._writers if hasattr(w, "steps")]
         gpu = be.gpu_time(plan.steps)
-        for n, w in staged:  # written (unmapped): a mapped staging buffer must never be submitted
-            w(feeds[n])
-        gpu_in = be.gpu_time([s for _, w in staged for s in w.steps] + plan.steps)
-        for _, w in staged:
-            w.submitted()
         print(f"{name}: run {med['run']:.3f} ms = write {med['write']:.3f} + submit {med['submit']:.3f} + wait "
-              f"{med['wait']:.3f}; GPU {gpu:.3f} ms, with the input copies {gpu_in:.3f} ms")
+              f"{med['wait']:.3f}; GPU {gpu:.3f} ms")
     return 0
 
 

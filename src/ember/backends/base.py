@@ -406,11 +406,9 @@ class ComputeBackend(ABC):
         """Drop whatever a backend keeps with prepare()'s result (wgpu: a command buffer encoded ahead)."""
         return None  # the steps themselves: nothing kept
 
-    def input_writer(self, handle: int, dtype: Any, nbytes: int = 0) -> Callable[[np.ndarray], None]:
-        """A function writing a host array of `dtype` (`nbytes` in all) into `handle`, for a plan's input written
-        on every run: what upload() does, with the per-call decisions taken here once where a backend can. A
-        writer with a `steps` attribute (wgpu's StagedInput) needs those steps run before the plan's and its
-        `submitted()` called after the submit that carried them."""
+    def input_writer(self, handle: int, dtype: Any) -> Callable[[np.ndarray], None]:
+        """A function writing a host array of `dtype` into `handle`, for a plan's input written on every run:
+        what upload() does, with the per-call decisions taken here once where a backend can."""
         return functools.partial(self.upload, handle)
 
     # Record methods take validated arguments and return a list of steps; nothing runs until execute().

@@ -53,18 +53,16 @@ class Plan:
         """One replay: inputs written (device arrays copied on the device), all steps in one submit, outputs
         read back, or copied into new device arrays without a host round trip."""
         be = self.backend
-        pre, post, staged = [], [], []
+        pre, post = [], []
         if self._writers is None:  # per input: its writer, made once (an empty input is never written)
-            self._writers = [(name, t, be.input_writer(t.view.handle, t.dtype, t.size * t.dtype.itemsize)
-                              if t.size else None) for name, t in self.inputs]
+            self._writers = [(name, t, be.input_writer(t.view.handle, t.dtype) if t.size else None)
+                             for name, t in self.inputs]
         for name, t, write in self._writers:
             value = feeds[name]
             if isinstance(value, DeviceArray):
                 pre += be.record_copy(value.handle, t.view.handle, be.nbytes(value.handle))
             elif write is not None:
                 write(value)
-                if hasattr(write, "steps"):  # written to a staging buffer: the GPU copies it in first
-                    staged.append(write)
         wanted = [(n, t) for n, t in self.outputs if names is None or n in names]
         result: dict[str, Any] = {}
         if keep_on_device:
@@ -76,9 +74,7 @@ class Plan:
                 post += be.record_copy(t.view.handle, handle, be.nbytes(handle))
                 result[name] = DeviceArray(be, handle, t.dtype, t.shape)
         if keep_on_device:
-            be.execute([s for w in staged for s in w.steps] + pre + self.steps + post)
-            for w in staged:
-                w.submitted()
+            be.execute(pre + self.steps + post if pre or post else self.steps)
             return result
         if self._readback is None:
             copies, readers = [], {}
@@ -86,17 +82,13 @@ class Plan:
                 if t.view is not None:
                     steps, readers[name] = be.record_readback(t.view)
                     copies += steps
-            # Output copies ride in the same submit as the model; only the wanted ones are read. The replay
-            # starts with the copies of every staged input (the usual run writes all inputs from the host).
-            every = [s for _, _, w in self._writers if hasattr(w, "steps") for s in w.steps]
-            self._readback = (be.prepare(every + self.steps + copies), copies, readers)
+            # Output copies ride in the same submit as the model; only the wanted ones are read.
+            self._readback = (be.prepare(self.steps + copies), copies, readers)
         replay, copies, readers = self._readback
         if pre:
-            be.execute([s for w in staged for s in w.steps] + pre + self.steps + copies)
+            be.execute(pre + self.steps + copies)
         else:
             be.execute_prepared(replay)
-        for w in staged:
-            w.submitted()
         for name, t in wanted:
             result[name] = t.value.copy() if t.view is None else readers[name]()
         return result

@@ -34,8 +34,6 @@ PROFILE_REPS = 3
 # gpu_time keeps stamping runs for at least this long and reports the fastest: an H200 idle for a few seconds
 # (say while a model compiles) read ResNet-18 batch 8 at 7.6 ms for ~0.5 s of stamped runs, then 1.5 ms.
 GPU_TIME_MIN_S = 1.0
-# Plan inputs this big are written through a persistent mapped staging buffer (StagedInput); 0 disables it.
-STAGED_INPUT_BYTES = int(os.environ.get("EMBER_STAGED_INPUT_BYTES", 1 << 18)) or 1 << 62
 # Encode a plan's next command buffer right after submitting this run's (see execute_prepared); 0 turns it off.
 ENCODE_AHEAD = os.environ.get("EMBER_ENCODE_AHEAD", "1") not in ("", "0")
 _NULL: Any = None
@@ -73,50 +71,6 @@ class Copy(NamedTuple):
     dst: Any
     dst_offset: int
     size: int
-
-
-class StagedInput:
-    """A plan input of STAGED_INPUT_BYTES or more, written through a MAP_WRITE staging buffer of its own that
-    stays mapped between runs: a run copies the array into the mapped range and unmaps it, the replay's first
-    command copies staging -> input on the GPU, and right after the submit the staging buffer is mapped again
-    (ready by the time the run's outputs are read). wgpuQueueWriteBuffer instead copies into a fresh staging
-    allocation each time: on the H200 host 4.8 MB took 456 µs this way against 529 µs (bench/bench_upload.py).
-    Plan.run puts `steps` in front of its replay and calls submitted() after each submit that carried them."""
-
-    def __init__(self, be: WgpuBackend, handle: int, dtype: np.dtype, nbytes: int) -> None:
-        self.be, self.dtype, self.nbytes = be, dtype, nbytes
-        self.staging = be.device.create_buffer(size=-(-nbytes // BUFFER_ALIGN) * BUFFER_ALIGN,
-                                               usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC,
-                                               mapped_at_creation=True, label="staged plan input")
-        self.steps = [Copy(self.staging, 0, be._bufs[handle], 0, -(-nbytes // 4) * 4)]
-        self.cell = _FFI.new("int[1]")
-        self.cell[0] = 1  # mapped (at creation)
-        self.info = _FFI.new("WGPUBufferMapCallbackInfo *")
-        self.info.mode = _raw_lib().WGPUCallbackMode_AllowProcessEvents
-        self.info.callback = _MAP_CALLBACK
-        self.info.userdata1 = self.cell
-
-    def __call__(self, array: np.ndarray) -> None:
-        lib = _raw_lib()
-        if array.size * self.dtype.itemsize != self.nbytes:
-            raise ValueError(f"staged input: {array.nbytes} bytes given for a {self.nbytes}-byte input")
-        if self.cell[0] == -1:  # written last time but never submitted (a later input of that run failed)
-            self.submitted()
-        while self.cell[0] == 0:  # the map requested after the last submit: done once that run is
-            lib.wgpuDevicePoll(self.be.device._internal, 1, _NULL)
-        if self.cell[0] != lib.WGPUMapAsyncStatus_Success:
-            raise RuntimeError(f"wgpu: mapping an input staging buffer failed (status {self.cell[0]})")
-        ptr = lib.wgpuBufferGetMappedRange(self.staging._internal, 0, self.staging.size)
-        dst = np.frombuffer(_FFI.buffer(ptr, self.nbytes), self.dtype).reshape(array.shape)
-        np.copyto(dst, array, casting="same_kind")
-        lib.wgpuBufferUnmap(self.staging._internal)
-        self.cell[0] = -1  # unmapped: written, its copy not submitted yet
-
-    def submitted(self) -> None:
-        """Map the staging buffer again behind the submitted copy."""
-        lib = _raw_lib()
-        self.cell[0] = 0
-        lib.wgpuBufferMapAsync(self.staging._internal, lib.WGPUMapMode_Write, 0, self.staging.size, self.info[0])
 
 
 class Replay(NamedTuple):
@@ -563,16 +517,15 @@ class WgpuBackend(ComputeBackend):
         finally:
             lib.wgpuCommandEncoderRelease(encoder)
 
-    def input_writer(self, handle: int, dtype: Any, nbytes: int = 0) -> Any:
-        """upload() for a plan input of `nbytes`: one of STAGED_INPUT_BYTES or more through a StagedInput; an
-        array already in the storage dtype, C-contiguous and a whole number of words straight to
-        wgpuQueueWriteBuffer (~7 µs less per input than queue.write_buffer's wrapper); anything else upload()."""
+    def input_writer(self, handle: int, dtype: Any) -> Any:
+        """upload() for a plan input: an array already in the storage dtype, C-contiguous and a whole number of
+        words goes straight to wgpuQueueWriteBuffer (~7 µs less per input than queue.write_buffer's wrapper);
+        anything else takes upload(). (A persistent mapped staging buffer per input was measured on the H200:
+        no faster at the 10th percentile and slower at the median, see BENCHMARKS.md.)"""
         upload = self.upload
         if FORCE_WRAPPER_ENCODE or NUMPY_STORAGE[storage_type(dtype)] != np.dtype(dtype):
             return functools.partial(upload, handle)
         _raw_lib()
-        if nbytes >= STAGED_INPUT_BYTES and np.dtype(dtype).itemsize == 4:
-            return StagedInput(self, handle, np.dtype(dtype), nbytes)
         write, queue, target, dtype = _LIBF.wgpuQueueWriteBuffer, self.queue._internal, self._bufs[handle], \
             np.dtype(dtype)
 
