@@ -65,17 +65,28 @@ class Pool:
 
 _lock = threading.Lock()
 _pool: list[Pool | None] = []
+_cores: list[int] = []
+# The pool's default size: the core count, at most DEFAULT_MAX_THREADS. On the H200's 16-core host (ResNet-18
+# batch 1, bench/bench_cpu.py, 2026-11-30) a 16-thread pool took 79 ms (the threads' Python parts contend for
+# the GIL), 4 threads 32 ms, and 16 OpenBLAS threads with the pool off the products 39 ms (their spinning also
+# slowed ONNX Runtime next to it 2.7x); the code before the pool split products took 26 ms.
+DEFAULT_MAX_THREADS = 4
+
+
+def cores() -> int:
+    if not _cores:
+        try:
+            _cores.append(len(os.sched_getaffinity(0)))
+        except AttributeError:  # not on Linux
+            _cores.append(os.cpu_count() or 1)
+    return _cores[0]
 
 
 def pool() -> Pool | None:
     """The process's pool (made on first use), or None on one core or with EMBER_CPU_THREADS=1."""
     with _lock:
         if not _pool:
-            try:
-                cores = len(os.sched_getaffinity(0))
-            except AttributeError:  # not on Linux
-                cores = os.cpu_count() or 1
-            raw = os.environ.get("EMBER_CPU_THREADS", "").strip() or str(cores)
+            raw = os.environ.get("EMBER_CPU_THREADS", "").strip() or str(min(cores(), DEFAULT_MAX_THREADS))
             if not raw.isdigit() or int(raw) < 1:
                 raise ValueError(f"EMBER_CPU_THREADS: expected a whole number >= 1, got {raw!r}")
             threads = int(raw)
