@@ -24,8 +24,7 @@ from .matmul import (
     Loader,
     Tile,
     addr,
-    check_no_overlap,
-    check_view,
+    check_operands,
     log2,
     record_matmul,
     require_float,
@@ -186,11 +185,7 @@ def record_conv(be: WgpuBackend, x: View, w: View, bias: View | None, out: View,
         if res3 is None:
             raise ValueError(f"conv: residual must have the output's shape {out.shape} with P and Q mergeable "
                              f"strides, got shape {residual.shape} strides {residual.strides}")
-    for name, v in (("x", x), ("w", w), ("bias", bias), ("out", out), ("residual", residual)):
-        if v is not None:
-            check_view(be, v, name)
-            if name != "out":
-                check_no_overlap(v, out, name)
+    check_operands(be, out, x=x, w=w, bias=bias, residual=residual)
     if out.size == 0:
         return []
     if x.size == 0 or w.size == 0:

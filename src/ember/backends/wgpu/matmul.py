@@ -101,6 +101,15 @@ def addr(off: int, terms: list[tuple[str, int]]) -> str:
     return f"u32({' + '.join(parts)})"
 
 
+def check_operands(be: WgpuBackend, out: View, **inputs: View | None) -> None:
+    """check_view for the output and every given input, and check_no_overlap of each input with the output."""
+    check_view(be, out, "out")
+    for name, v in inputs.items():
+        if v is not None:
+            check_view(be, v, name)
+            check_no_overlap(v, out, name)
+
+
 def act_lines(act: Expr | None, value: str) -> tuple[list[str], str]:
     """WGSL lines applying `act` (an Expr over input 0) to `value`, through elementwise.py's emitter."""
     if act is None:

@@ -40,8 +40,7 @@ from .matmul import (
     Tile,
     addr,
     binding_windows,
-    check_no_overlap,
-    check_view,
+    check_operands,
     rebase_view,
     require_float,
     strided_loader,
@@ -351,11 +350,7 @@ def record_conv_winograd(be: WgpuBackend, x: View, u_: View, bias: View | None, 
     ws = winograd_shape(x, u_, bias, out, pads, m)
     if residual is not None and residual.shape != out.shape:
         raise ValueError(f"Winograd conv: residual must have the output's shape {out.shape}, got {residual.shape}")
-    for name, v in (("x", x), ("u", u_), ("bias", bias), ("residual", residual), ("out", out)):
-        if v is not None:
-            check_view(be, v, name)
-            if name != "out":
-                check_no_overlap(v, out, name)
+    check_operands(be, out, x=x, u=u_, bias=bias, residual=residual)
     if out.size == 0:
         return []
     windows = binding_windows(be, [x, u_, bias, residual, out])
