@@ -51,11 +51,12 @@ def whole(be: ember.ComputeBackend, v: View, pad: int) -> np.ndarray:
 
 
 def run(be: ember.ComputeBackend, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads: tuple, m: int,
-        act=None, dtype: np.dtype = F32, residual: np.ndarray | None = None, pad: int = 0) -> np.ndarray:
+        act=None, dtype: np.dtype = F32, residual: np.ndarray | None = None, pad: int = 0,
+        u_dtype: np.dtype | None = None) -> np.ndarray:
     n, c, h, wd = x.shape
     k = w.shape[0]
     p, q = h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2
-    views = [put(be, x, dtype), put(be, wg.transform_weights(w, m), dtype)]
+    views = [put(be, x, dtype), put(be, wg.transform_weights(w, m), u_dtype or dtype)]
     views.append(put(be, b, dtype) if b is not None else None)
     views.append(put(be, residual, dtype) if residual is not None else None)
     out = put(be, np.full((n, k, p, q), np.nan), dtype, pad)
@@ -109,8 +110,11 @@ def test_matches_reference_and_direct(be: ember.ComputeBackend, rng: np.random.G
     ref = oracle(x, w, b, pads, RELU)
     p, q = ref.shape[2:]
     spec = np.maximum(wg.reference(x, wg.transform_weights(w, m), pads, m, (p, q)) + b.reshape(1, k, 1, 1), 0.0)
-    assert rel(got, spec) <= TOL[m]
-    assert rel(got, ref) <= TOL[m]
+    # Errors relative to the pre-activation magnitude: after Relu a few outputs (1x1 spatial, 3 channels) can all
+    # be near 0, and max|ref| then says nothing about the conv's scale (a fresh-input flake otherwise).
+    scale = float(np.abs(oracle(x, w, b, pads)).max())
+    assert rel(got, spec) * max(np.abs(spec).max(), 1e-30) <= TOL[m] * scale
+    assert rel(got, ref) * max(np.abs(ref).max(), 1e-30) <= TOL[m] * scale
 
 
 @pytest.mark.parametrize("m", wg.TILES)
@@ -145,24 +149,25 @@ def test_split_k_products(be: ember.ComputeBackend, rng: np.random.Generator) ->
         assert rel(run(be, x, w, b, (1, 1, 1, 1), m, SILU), oracle(x, w, b, (1, 1, 1, 1), SILU)) <= TOL[m]
 
 
+@pytest.mark.parametrize("u_dtype", [F16, F32])
 @pytest.mark.parametrize("m", wg.TILES)
-def test_f16_storage(be: ember.ComputeBackend, rng: np.random.Generator, m: int) -> None:
-    """x, U, bias, residual and out stored as f16 (computed in f32, V and M scratch f32): off by the f16 rounding
-    of U (computed in float64, rounded once) and of the output."""
+def test_f16_storage(be: ember.ComputeBackend, rng: np.random.Generator, m: int, u_dtype: np.dtype) -> None:
+    """x, bias, residual and out stored as f16, U as f16 or f32 (what the planner gives f16 models; computed in
+    f32, V and M scratch f32): off by the f16 rounding of the output, and of U where it is f16."""
     if "shader-f16" not in be.features:
         pytest.fail("the adapter lacks shader-f16 (lavapipe has it)")
     x = rng.standard_normal((2, 12, 9, 8)).astype(np.float16)
     w = (rng.standard_normal((10, 12, 3, 3)) * 0.3).astype(np.float16)
     b = rng.standard_normal(10).astype(np.float16)
     res = rng.standard_normal((2, 10, 9, 8)).astype(np.float16)
-    got = run(be, x, w, b, (1, 1, 1, 1), m, RELU, dtype=F16, residual=res, pad=3)
+    got = run(be, x, w, b, (1, 1, 1, 1), m, RELU, dtype=F16, residual=res, pad=3, u_dtype=u_dtype)
     assert got.dtype == F16
     ref = oracle(x.astype(np.float32), w.astype(np.float32), b, (1, 1, 1, 1), RELU, res)
     err = np.abs(got.astype(np.float64) - ref)
-    # f16 has 11 significant bits: the output's rounding (2^-11 relative) plus U's. F(2, 3) stays near the direct
-    # f16 conv (lavapipe, C = 12..256: 3-5e-4 of max|ref| vs 2-3e-4); F(4, 3)'s output transform (entries up to 8)
-    # amplifies U's rounding ten times (3-5e-3), which is why winograd_tile never picks it for f16.
-    scale = {2: 3e-3, 4: 1.2e-2}[m]
+    # f16 has 11 significant bits: the output's rounding (2^-11 relative) plus U's where U is f16. F(2, 3) stays
+    # near the direct f16 conv (lavapipe, C = 12..256: 3-5e-4 of max|ref| vs 2-3e-4); F(4, 3)'s output transform
+    # (entries up to 8) amplifies an f16 U's rounding ten times (3-5e-3): the planner keeps U in f32.
+    scale = {2: 3e-3, 4: 1.2e-2 if u_dtype == F16 else 3e-3}[m]
     assert (err <= 1e-3 * np.abs(ref) + scale * np.abs(ref).max()).all(), float(err.max() / np.abs(ref).max())
 
 
@@ -285,7 +290,7 @@ def test_winograd_tile_rule(wgpu_be: ember.ComputeBackend, monkeypatch: pytest.M
         # ResNet-18's 3x3 stride-1 convs at batch 8: Winograd; F(4, 3) where its tiles fill the output.
         assert be.winograd_tile(8, 64, 64, 56, 56, F32) == 4
         assert be.winograd_tile(8, 128, 128, 28, 28, F32) == 4
-        assert be.winograd_tile(8, 128, 128, 28, 28, F16) == 2  # f16 U: F(4, 3) would lose 3 bits (see above)
+        assert be.winograd_tile(8, 128, 128, 28, 28, F16) == 4  # with U in f32 (ops/nn.py), as for f32
         # 7x7 outputs at batch 1: 4 tiles of F(4, 3) in a GEMM tile of 64 columns; not F(4, 3).
         assert be.winograd_tile(1, 512, 512, 7, 7, F32) != 4
         # Below the threshold: direct.
@@ -297,9 +302,7 @@ def test_winograd_tile_rule(wgpu_be: ember.ComputeBackend, monkeypatch: pytest.M
 
 def test_scratch_shared_between_convs(be: ember.ComputeBackend, rng: np.random.Generator) -> None:
     """Convs recorded one after another share V, M and the split-K partial sums (backend.scratch): the second,
-    no bigger, creates no buffer; both still compute their own results when run in one stream."""
-    from .test_leaks import gpu_buffers
-
+    no bigger, binds the very buffers the first does; both still compute their own results in one stream."""
     xs = [rng.standard_normal((1, 256, 5, 5)).astype(np.float32) for _ in range(2)]
     ws = [rng.standard_normal((16, 256, 3, 3)).astype(np.float32) for _ in range(2)]
     hx = [put(be, x) for x in xs]
@@ -307,9 +310,13 @@ def test_scratch_shared_between_convs(be: ember.ComputeBackend, rng: np.random.G
     outs = [put(be, np.full((1, 16, 5, 5), np.nan)) for _ in range(2)]
     try:
         first = be.record_conv_winograd(hx[0], hu[0], None, outs[0], (1, 1, 1, 1), 2)
-        count = gpu_buffers()
         second = be.record_conv_winograd(hx[1], hu[1], None, outs[1], (1, 1, 1, 1), 2)
-        assert gpu_buffers() == count
+        gc.collect()  # what shares a buffer is held by the steps alone
+
+        def scratch(steps: list) -> list:
+            return [id(b) for st in steps for b in st.keep]
+
+        assert len(scratch(first)) >= 4 and scratch(first) == scratch(second)
         be.execute(first + second)
         for x, w, o in zip(xs, ws, outs, strict=True):
             ref = oracle(x, w, None, (1, 1, 1, 1))

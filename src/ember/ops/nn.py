@@ -70,7 +70,9 @@ class Conv(Op):
         m = winograd_choice(ctx, x, w, kernel, strides, dil, g, out_shape) if r == 2 else None
         if m is not None:
             xv = ctx.contiguous(x)
-            u = ctx.view(ctx.const(winograd.transform_weights(np.asarray(w.value, np.float32), m).astype(w.dtype)))
+            # U stays float32 in a float16 model too: F(4, 3)'s output transform (entries up to 8) amplified U's
+            # float16 rounding ~10x (3-5e-3 of max|out| against 2-3e-4 for the direct f16 conv on lavapipe).
+            u = ctx.view(ctx.const(winograd.transform_weights(np.asarray(w.value, np.float32), m)))
             bias = ctx.contiguous(b) if b is not None else None
             pads4 = (pads[0], pads[1], pads[2], pads[3])
             ctx.count("conv.winograd")

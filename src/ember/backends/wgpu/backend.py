@@ -63,6 +63,9 @@ class Dispatch(NamedTuple):
     bind_group: Any
     grid: tuple[int, int, int]
     label: str
+    # GPUBuffers bound directly (a kernel's scratch): a bind group keeps the native buffer alive but not wgpu-py's
+    # object, and backend.scratch shares a buffer only while some recorded step holds that object.
+    keep: tuple = ()
 
 
 class Copy(NamedTuple):
@@ -213,8 +216,9 @@ class WgpuBackend(ComputeBackend):
         """A storage buffer of at least `nbytes` for a kernel sequence's transient data (split-K partial sums,
         Winograd's transformed tiles), shared by every sequence recorded for `role`: each writes it before
         reading it within one command buffer, and the queue runs command buffers one at a time, so sequences
-        never see each other's data. ResNet-18 batch 8's Winograd convs took 200 MB with a buffer each, 29 MB
-        shared. The recorded steps hold the buffer; when none does, it is freed (a weak reference here)."""
+        never see each other's data. ResNet-18 batch 8's 13 Winograd convs had a V and an M each (~200 MB); shared,
+        the plan holds 3 scratch buffers of 35 MB (lavapipe's plan). The recorded steps hold the buffer
+        (Dispatch.keep); when none does, it is freed (a weak reference here)."""
         ref = self._scratch.get(role)
         buf = ref() if ref is not None else None
         if buf is None or buf.size < nbytes:
@@ -302,11 +306,13 @@ class WgpuBackend(ComputeBackend):
         """A recorded dispatch; `buffers` (handles or GPUBuffers) are bound at 0, 1, 2, ... of group 0,
         or at the binding numbers a dict gives. An entry (handle or GPUBuffer, byte offset, byte size) binds
         that sub-range only (offset a multiple of min-storage-buffer-offset-alignment, size of 4)."""
-        entries = []
+        entries, keep = [], []
         items = buffers.items() if isinstance(buffers, dict) else enumerate(buffers)
         for i, b in items:
             b, offset, size = b if isinstance(b, tuple) else (b, 0, None)
             buf = self._bufs[b] if isinstance(b, int) else b
+            if not isinstance(b, int):
+                keep.append(buf)
             size = buf.size - offset if size is None else size
             if size > self.max_binding:
                 raise NotImplementedError(
@@ -316,7 +322,7 @@ class WgpuBackend(ComputeBackend):
         group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
         if max(grid) > WORKGROUPS_PER_DIM:
             raise AssertionError(f"kernel {label!r}: grid {grid} exceeds 65,535 workgroups per dimension")
-        return Dispatch(pipeline, group, grid, label)
+        return Dispatch(pipeline, group, grid, label, tuple(keep))
 
     def record_copy(self, src: int, dst: int, nbytes: int) -> list:
         size = -(-nbytes // 4) * 4  # copy sizes must be multiples of 4; buffers are padded to 16

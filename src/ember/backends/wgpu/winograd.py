@@ -59,10 +59,9 @@ TRANSFORM_WORKGROUP = 128
 WINOGRAD_MIN_MACS = 256 * 1000 * 1000
 WINOGRAD_MIN_CHANNELS = 32
 WINOGRAD_MIN_GAIN = 1.15
-# Tiles the rule picks from per storage type. With f16 storage U arrives rounded to f16, and F(4, 3)'s output
-# transform (entries up to 8) amplifies that rounding: max error 3-5e-3 of max|out| on lavapipe (C = 12..256)
-# against 3-5e-4 for F(2, 3) and 2-3e-4 for the direct f16 conv. EMBER_WINOGRAD=4 still forces it.
-AUTO_TILES = {"f32": (2, 4), "f16": (2,)}
+# Tiles the rule picks from per storage type. Float16 models get a float32 U (ops/nn.py): with U rounded to f16,
+# F(4, 3)'s output transform (entries up to 8) amplified that rounding to 3-5e-3 of max|out| on lavapipe.
+AUTO_TILES = {"f32": (2, 4), "f16": (2, 4)}
 
 
 @dataclass(frozen=True)
