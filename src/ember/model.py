@@ -272,7 +272,8 @@ class Model:
                 raise ValueError("this model has several (or no) plans yet: pass feeds to pick one")
         return {"nodes": len(self.graph.nodes), "steps": len(plan.steps), "rewrites": dict(self.rewrites),
                 "intermediate_bytes": plan.intermediate_bytes,
-                "intermediate_bytes_without_reuse": plan.intermediate_bytes_without_reuse, **plan.stats}
+                "intermediate_bytes_without_reuse": plan.intermediate_bytes_without_reuse,
+                "scratch_bytes": plan.scratch_bytes(), **plan.stats}
 
     def close(self) -> None:
         """Free the device memory of every plan (weights, intermediates). Called when the model is collected."""

@@ -93,6 +93,12 @@ class Plan:
             result[name] = t.value.copy() if t.view is None else readers[name]()
         return result
 
+    def scratch_bytes(self) -> int:
+        """Bytes of the kernels' own transient buffers the steps hold (split-K partial sums, Winograd's
+        transformed tiles: wgpu's Dispatch.keep), each shared buffer counted once."""
+        seen = {id(b): b.size for st in self.steps for b in getattr(st, "keep", ())}
+        return sum(seen.values())
+
     def gpu_time(self, reps: int = 5) -> float:
         """Milliseconds the device spends on one run of this plan (GPU timestamps on wgpu), min of `reps`."""
         return self.backend.gpu_time(self.steps, reps)
