@@ -287,3 +287,20 @@ def test_gpu_time(conv_model, backend_name) -> None:
     t = m.gpu_time({"x": np.random.rand(2, 3, 8, 8).astype(np.float32)}, reps=2)
     assert np.isfinite(t) and t > 0
 
+
+
+@pytest.mark.parametrize("spatial", [(17,), (9, 7)])
+def test_conv_residual_add_relu_is_one_kernel(backend_name, spatial) -> None:
+    """relu(Conv(x) + x), 1-D and 2-D: the Add and the Relu run in the conv's epilogue (one step)."""
+    rng = np.random.default_rng(5)
+    r = len(spatial)
+    w = numpy_helper.from_array(rng.standard_normal((6, 6) + (3,) * r).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 2 * r),
+             helper.make_node("Add", ["x", "c"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, [vi("x", [2, 6, *spatial])], [vi("y", [2, 6, *spatial])], [w, b])
+    x = rng.standard_normal((2, 6, *spatial)).astype(np.float32)
+    m = ember.load_onnx(model, backend=backend_name)
+    np.testing.assert_allclose(m.run({"x": x})["y"], reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    info = m.plan_info({"x": x})
+    assert info["steps"] == 1 and info["epilogue.fused"] == 2
