@@ -301,9 +301,13 @@ def test_winograd_tile_rule(wgpu_be: ember.ComputeBackend, monkeypatch: pytest.M
     assert be.winograd_tile(1, 64, 64, 56, 56, F32) is None
 
 
-def test_scratch_shared_between_convs(be: ember.ComputeBackend, rng: np.random.Generator) -> None:
+def test_scratch_shared_between_convs(be: ember.ComputeBackend, rng: np.random.Generator,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Convs recorded one after another share V, M and the split-K partial sums (backend.scratch): the second,
     no bigger, binds the very buffers the first does; both still compute their own results in one stream."""
+    from ember.backends.wgpu import backend as wb
+
+    monkeypatch.setattr(wb, "SHARED_SCRATCH", True)  # the default; EMBER_SHARED_SCRATCH=0 turns it off
     xs = [rng.standard_normal((1, 256, 5, 5)).astype(np.float32) for _ in range(2)]
     ws = [rng.standard_normal((16, 256, 3, 3)).astype(np.float32) for _ in range(2)]
     hx = [put(be, x) for x in xs]

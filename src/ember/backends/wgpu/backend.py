@@ -30,6 +30,8 @@ WORKGROUPS_PER_DIM = 65535
 
 FORCE_WRAPPER_ENCODE = os.environ.get("EMBER_WGPU_PY_ENCODE", "") not in ("", "0")
 PROFILE_WARMUP_S = 0.05  # see profile()
+# Kernels' transient buffers shared per role (WgpuBackend.scratch); 0 gives every kernel its own (for A/B runs).
+SHARED_SCRATCH = os.environ.get("EMBER_SHARED_SCRATCH", "1") not in ("", "0")
 PROFILE_REPS = 3
 # gpu_time keeps stamping runs for at least this long and reports the fastest: an H200 idle for a few seconds
 # (say while a model compiles) read ResNet-18 batch 8 at 7.6 ms for ~0.5 s of stamped runs, then 1.5 ms.
@@ -219,7 +221,7 @@ class WgpuBackend(ComputeBackend):
         never see each other's data. ResNet-18 batch 8's 13 Winograd convs had a V and an M each (~200 MB); shared,
         the plan holds 3 scratch buffers of 35 MB (lavapipe's plan). The recorded steps hold the buffer
         (Dispatch.keep); when none does, it is freed (a weak reference here)."""
-        ref = self._scratch.get(role)
+        ref = self._scratch.get(role) if SHARED_SCRATCH else None
         buf = ref() if ref is not None else None
         if buf is None or buf.size < nbytes:
             # A bigger request gets a new buffer; steps recorded earlier keep the smaller one alive.
