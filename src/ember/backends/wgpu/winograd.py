@@ -59,9 +59,9 @@ TRANSFORM_WORKGROUP = 128
 WINOGRAD_MIN_MACS = 256 * 1000 * 1000
 WINOGRAD_MIN_CHANNELS = 32
 WINOGRAD_MIN_GAIN = 1.15
-# Tiles the rule picks from per storage type. Float16 models get a float32 U (ops/nn.py): with U rounded to f16,
-# F(4, 3)'s output transform (entries up to 8) amplified that rounding to 3-5e-3 of max|out| on lavapipe.
-AUTO_TILES = {"f32": (2, 4), "f16": (2, 4)}
+# Tiles the rule picks from, float16 models included: they get a float32 U (ops/nn.py), since with U rounded to
+# f16 F(4, 3)'s output transform (entries up to 8) amplified that rounding to 3-5e-3 of max|out| on lavapipe.
+AUTO_TILES = (2, 4)
 
 
 @dataclass(frozen=True)
@@ -405,7 +405,7 @@ def choose_tile(be: WgpuBackend, n: int, c: int, k: int, p: int, q: int, dtype: 
         return None
     itemsize = np.dtype(dtype).itemsize
     direct = estimate_s(be, n, c, k, p, q, itemsize, None, cp)
-    tiles = AUTO_TILES["f16" if np.dtype(dtype) == np.float16 else "f32"]
+    tiles = AUTO_TILES
     best = min(tiles, key=lambda m: estimate_s(be, n, c, k, p, q, itemsize, m, cp))
     if estimate_s(be, n, c, k, p, q, itemsize, best, cp) * cp.min_gain > direct:
         return None
