@@ -163,6 +163,20 @@ def test_conv_long_reduction(be: ember.ComputeBackend, rng: np.random.Generator)
     run_conv(be, rng, (2, 64, 7, 7), 24, (3, 3), (2, 2), (1, 1, 1, 1), groups=2)     # grouped, split over z too
 
 
+@pytest.mark.parametrize("xshape,k,rs,stride,pads,dilation,act", [
+    ((1, 33, 7, 7), 96, (3, 3), (1, 1), (1, 0, 2, 1), (1, 1), RELU),     # odd channels, asymmetric pads
+    ((2, 40, 11, 13), 128, (3, 3), (2, 2), (0, 1, 1, 2), (1, 1), None),  # batch 2, stride 2, odd sizes
+    ((1, 27, 9, 8), 128, (3, 3), (2, 1), (2, 1, 0, 3), (2, 1), CLIP),    # dilated, mixed strides
+    ((1, 96, 15, 15), 192, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), RELU),  # strided 1x1
+])
+def test_conv_weight_heavy(be: ember.ComputeBackend, rng: np.random.Generator, xshape, k, rs, stride, pads, dilation,
+                           act) -> None:
+    """More output channels than output positions and products large enough to split: the cpu backend splits
+    these by input channels (each thread its im2col part and a partial product, summed after)."""
+    run_conv(be, rng, xshape, k, rs, stride, pads, dilation, act=act)
+    run_conv(be, rng, xshape, k, rs, stride, pads, dilation, bias=False)
+
+
 # ---- the error contract ----------------------------------------------------------------------------------------
 def test_conv2d_errors(be: ember.ComputeBackend) -> None:
     hx, hf, ho = be.alloc(4 * 2 * 3 * 5 * 5), be.alloc(4 * 4 * 3 * 3 * 3), be.alloc(4 * 2 * 4 * 5 * 5)
