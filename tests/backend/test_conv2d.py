@@ -118,6 +118,8 @@ CLIP = call("min", call("max", inp(0), const(0.0)), const(6.0))
     ((2, 5, 12, 12), 7, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),    # dilated
     ((1, 3, 14, 10), 4, (3, 3), (1, 1), (0, 3, 1, 0), (3, 2), 1),    # dilated, asymmetric
     ((1, 4, 6, 6), 5, (2, 4), (3, 2), (1, 0, 0, 2), (1, 1), 1),      # non-square filter
+    ((1, 4, 23, 19), 8, (5, 5), (2, 2), (2, 1, 3, 2), (2, 1), 1),    # strided, many taps, dilated
+    ((2, 3, 30, 28), 6, (7, 5), (3, 2), (3, 0, 1, 4), (2, 3), 1),    # stride 3, dilation 2 and 3
 ])
 def test_conv_grouped_dilated(be: ember.ComputeBackend, rng: np.random.Generator, xshape, k, rs, stride, pads,
                               dilation, groups) -> None:

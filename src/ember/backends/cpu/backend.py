@@ -757,10 +757,15 @@ def _im2col(xv: np.ndarray, cols: np.ndarray, stride: tuple[int, int], pads: tup
         # Filling the phases is itself a window op: an sh x sw kernel at stride (sh, sw), one tap per phase.
         pairs = [(phases[a, b][..., o[0], o[1]], xv[..., t[0], t[1]])
                  for (a, b), o, t in _taps(xv, phases, stride, stride, pads, (1, 1))]
-        for i in range(r):
-            for j in range(s):
-                (ai, ui), (bj, vj) = divmod(i * dh, sh)[::-1], divmod(j * dw, sw)[::-1]
-                pairs.append((cols[:, :, i, j], phases[ai, bj, :, :, ui: ui + p, vj: vj + q]))
+        # The taps reading one phase are evenly spaced in i and j and read it at evenly spaced offsets: one
+        # strided copy per phase instead of one per tap (the stem's band im2col 0.17 -> 0.15 ms).
+        rows, cs = _phase_taps(r, dh, sh), _phase_taps(s, dw, sw)
+        for a, (i0, di, ni, u0, du) in rows.items():
+            for b, (j0, dj, nj, v0, dv) in cs.items():
+                ph = phases[a, b, :, :, u0:, v0:]
+                sn, sc, su, sv = ph.strides
+                src = as_strided(ph, (n, c, ni, nj, p, q), (sn, sc, du * su, dv * sv, su, sv), writeable=False)
+                pairs.append((cols[:, :, i0: i0 + di * (ni - 1) + 1: di, j0: j0 + dj * (nj - 1) + 1: dj], src))
     else:
         taps = {ij: (o, t) for ij, o, t in _taps(xv, cols, (r, s), stride, pads, dilation)}
         pairs = [(cols[:, :, i, j, o[0], o[1]], xv[..., t[0], t[1]]) for (i, j), (o, t) in taps.items()]
@@ -783,6 +788,18 @@ def _im2col(xv: np.ndarray, cols: np.ndarray, stride: tuple[int, int], pads: tup
             np.copyto(d, src)
 
     return fill
+
+
+def _phase_taps(r: int, d: int, st: int) -> dict[int, tuple[int, int, int, int, int]]:
+    """Per phase a of a strided window's taps along one axis (tap i reads phase i*d % st at offset i*d // st):
+    (first tap, tap step, taps, first offset, offset step). Tap i and i + st read the same phase, st*d//st = d
+    further on; with gcd(d, st) > 1 the step in i is st // gcd."""
+    out = {}
+    step = st // math.gcd(d, st)
+    for i0 in range(min(r, step)):
+        a, u0 = (i0 * d) % st, (i0 * d) // st
+        out[a] = (i0, step, len(range(i0, r, step)), u0, step * d // st)
+    return out
 
 
 def _check_rows(x: View, out: View, n: int) -> None:
