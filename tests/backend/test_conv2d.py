@@ -118,6 +118,8 @@ CLIP = call("min", call("max", inp(0), const(0.0)), const(6.0))
     ((2, 5, 12, 12), 7, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),    # dilated
     ((1, 3, 14, 10), 4, (3, 3), (1, 1), (0, 3, 1, 0), (3, 2), 1),    # dilated, asymmetric
     ((1, 4, 6, 6), 5, (2, 4), (3, 2), (1, 0, 0, 2), (1, 1), 1),      # non-square filter
+    ((1, 4, 23, 19), 8, (5, 5), (2, 2), (2, 1, 3, 2), (2, 1), 1),    # strided, many taps, dilated
+    ((2, 3, 30, 28), 6, (7, 5), (3, 2), (3, 0, 1, 4), (2, 3), 1),    # stride 3, dilation 2 and 3
 ])
 def test_conv_grouped_dilated(be: ember.ComputeBackend, rng: np.random.Generator, xshape, k, rs, stride, pads,
                               dilation, groups) -> None:
@@ -161,6 +163,20 @@ def test_conv_long_reduction(be: ember.ComputeBackend, rng: np.random.Generator)
     """Few output tiles, long reduction: split K on the GPU, bias and act applied after the partial sums."""
     run_conv(be, rng, (1, 256, 5, 5), 16, (3, 3), pads=(1, 1, 1, 1), act=SILU)        # K = C*R*S = 2304
     run_conv(be, rng, (2, 64, 7, 7), 24, (3, 3), (2, 2), (1, 1, 1, 1), groups=2)     # grouped, split over z too
+
+
+@pytest.mark.parametrize("xshape,k,rs,stride,pads,dilation,act", [
+    ((1, 33, 7, 7), 96, (3, 3), (1, 1), (1, 0, 2, 1), (1, 1), RELU),     # odd channels, asymmetric pads
+    ((2, 40, 11, 13), 128, (3, 3), (2, 2), (0, 1, 1, 2), (1, 1), None),  # batch 2, stride 2, odd sizes
+    ((1, 27, 9, 8), 128, (3, 3), (2, 1), (2, 1, 0, 3), (2, 1), CLIP),    # dilated, mixed strides
+    ((1, 96, 15, 15), 192, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), RELU),  # strided 1x1
+])
+def test_conv_weight_heavy(be: ember.ComputeBackend, rng: np.random.Generator, xshape, k, rs, stride, pads, dilation,
+                           act) -> None:
+    """More output channels than output positions and products large enough to split: the cpu backend splits
+    these by input channels (each thread its im2col part and a partial product, summed after)."""
+    run_conv(be, rng, xshape, k, rs, stride, pads, dilation, act=act)
+    run_conv(be, rng, xshape, k, rs, stride, pads, dilation, bias=False)
 
 
 # ---- the error contract ----------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The cpu backend splits large products over its thread pool (one OpenBLAS thread each): convs by bands of
-output rows or by output channels, 1x1 convs by columns or channels, matmuls by batch, rows or columns, max
-pooling by channels. Each split must give the whole op's result; shapes here are large enough to split."""
+output rows or by input channels (partial products, summed after), 1x1 convs by columns or channels, matmuls by
+batch, rows or columns, max pooling by channels. Each split must give the whole op's result; shapes here are
+large enough to split."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ CONVS = [
     ((1, 3, 61, 57), (16, 7, 7), (2, 2), (3, 2, 3, 1), (1, 1), 1, True, None),  # a stem: rows, phases
     ((1, 64, 4, 4), (128, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True, RELU),  # weight-heavy: channels
     ((1, 64, 7, 6), (192, 3, 3), (2, 2), (1, 0, 1, 1), (1, 1), 1, False, None),  # strided, channels
+    ((1, 37, 9, 7), (256, 3, 3), (2, 2), (0, 2, 1, 1), (1, 1), 1, True, RELU),  # odd channels, strided
+    ((2, 33, 6, 5), (128, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True, RELU),  # channels, batch
     ((2, 16, 18, 18), (32, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 2, True, None),  # dilated, grouped, batch
     ((1, 64, 24, 24), (64, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, True, RELU),  # 1x1: columns
     ((1, 256, 5, 5), (512, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, True, None),  # 1x1: channels

@@ -280,16 +280,24 @@ class CpuBackend(ComputeBackend):
         else:
             # im2col, then products writing the output in place. The column matrices live in the backend's
             # shared scratch buffer: ResNet-18's would take 40 MB apart, each written cold (2.5 ms a run).
-            # Split over threads: by output channels (im2col first, whole), or by bands of output rows, each
-            # band's im2col and products one task.
+            # Split over threads by bands of output rows, each band's im2col and products one task; or, where the
+            # weight outweighs the columns, by input channels (the product's K): each thread fills its channels'
+            # columns and multiplies them into a partial output of its own (the first straight into the output),
+            # then one pass sums the partials and adds the bias. Against a split by output channels (im2col
+            # first, whole, on one thread), the im2col runs split too: ResNet-18's 7x7 x 512 convs went from
+            # 1.89 to 1.63 ms (2 cores). Grouped convs still split by output channels.
             scratch = self._scratch
             r_ext = (r - 1) * dilation[0] + 1
+            by_c = by_k and groups == 1 and parts > 1 and c >= parts
             row_bands = [(0, p)] if by_k or parts == 1 else _chunks(p, parts)
-            scratch.reserve(n * groups * kk * (p + len(row_bands)) * q * xv.dtype.itemsize)
+            partials = (parts - 1) * n * k * p * q if by_c else 0
+            scratch.reserve((n * groups * kk * (p + len(row_bands)) * q + partials) * xv.dtype.itemsize)
             wmat = wv.reshape(groups, kg, kk)
 
             def build(buf: np.ndarray | None) -> list[Step]:
                 assert buf is not None
+                if by_c:
+                    return by_channels(buf)
                 tasks, off = [], 0
                 for p0, p1 in row_bands:
                     (a, b), (top, bottom) = _row_band(h, pads[0], sh, r_ext, p0, p1)
@@ -305,6 +313,32 @@ class CpuBackend(ComputeBackend):
                              for t in products(wmat[g], cols[i, g], ob[i, g], g * kg, parts if by_k else 1)]
                     tasks += [fill, *run_tasks(prods)] if by_k or len(row_bands) == 1 else [_seq(fill, *prods)]
                 return tasks if by_k or len(row_bands) == 1 else run_tasks(tasks)
+
+            def by_channels(buf: np.ndarray) -> list[Step]:
+                size = n * kk * p * q
+                cols = buf.view(xv.dtype)[:size].reshape(n, kk, p * q)
+                rest = buf.view(xv.dtype)[size: size + partials].reshape(parts - 1, n, k, p * q)
+                omat = dst.reshape(n, k, p * q)
+                assert np.may_share_memory(omat, dst)
+                outs = [omat, *rest]
+                c6 = cols.reshape(n, c, r, s, p, q)
+                tasks = []
+                for t, (c0, c1) in enumerate(_chunks(c, parts)):
+                    fill = _im2col(xv[:, c0:c1], c6[:, c0:c1], stride, pads, dilation)
+                    k0, k1 = c0 * r * s, c1 * r * s
+                    tasks.append(_seq(fill, *(functools.partial(np.matmul, wmat[0, :, k0:k1], cols[i, k0:k1],
+                                                                out=outs[t][i]) for i in range(n))))
+                epilogue = _epilogue(act, omat)
+
+                def total() -> None:
+                    for o in rest:
+                        np.add(omat, o, out=omat)
+                    if b2 is not None:
+                        np.add(omat, b2, out=omat)
+                    if epilogue is not None:
+                        epilogue()
+
+                return [*run_tasks(tasks), total]
 
         bound: list[Any] = [None, None]  # the scratch buffer the parts were built on, the parts
 
@@ -723,10 +757,15 @@ def _im2col(xv: np.ndarray, cols: np.ndarray, stride: tuple[int, int], pads: tup
         # Filling the phases is itself a window op: an sh x sw kernel at stride (sh, sw), one tap per phase.
         pairs = [(phases[a, b][..., o[0], o[1]], xv[..., t[0], t[1]])
                  for (a, b), o, t in _taps(xv, phases, stride, stride, pads, (1, 1))]
-        for i in range(r):
-            for j in range(s):
-                (ai, ui), (bj, vj) = divmod(i * dh, sh)[::-1], divmod(j * dw, sw)[::-1]
-                pairs.append((cols[:, :, i, j], phases[ai, bj, :, :, ui: ui + p, vj: vj + q]))
+        # The taps reading one phase are evenly spaced in i and j and read it at evenly spaced offsets: one
+        # strided copy per phase instead of one per tap (the stem's band im2col 0.17 -> 0.15 ms).
+        rows, cs = _phase_taps(r, dh, sh), _phase_taps(s, dw, sw)
+        for a, (i0, di, ni, u0, du) in rows.items():
+            for b, (j0, dj, nj, v0, dv) in cs.items():
+                ph = phases[a, b, :, :, u0:, v0:]
+                sn, sc, su, sv = ph.strides
+                src = as_strided(ph, (n, c, ni, nj, p, q), (sn, sc, du * su, dv * sv, su, sv), writeable=False)
+                pairs.append((cols[:, :, i0: i0 + di * (ni - 1) + 1: di, j0: j0 + dj * (nj - 1) + 1: dj], src))
     else:
         taps = {ij: (o, t) for ij, o, t in _taps(xv, cols, (r, s), stride, pads, dilation)}
         pairs = [(cols[:, :, i, j, o[0], o[1]], xv[..., t[0], t[1]]) for (i, j), (o, t) in taps.items()]
@@ -749,6 +788,18 @@ def _im2col(xv: np.ndarray, cols: np.ndarray, stride: tuple[int, int], pads: tup
             np.copyto(d, src)
 
     return fill
+
+
+def _phase_taps(r: int, d: int, st: int) -> dict[int, tuple[int, int, int, int, int]]:
+    """Per phase a of a strided window's taps along one axis (tap i reads phase i*d % st at offset i*d // st):
+    (first tap, tap step, taps, first offset, offset step). Tap i and i + st read the same phase, st*d//st = d
+    further on; with gcd(d, st) > 1 the step in i is st // gcd."""
+    out = {}
+    step = st // math.gcd(d, st)
+    for i0 in range(min(r, step)):
+        a, u0 = (i0 * d) % st, (i0 * d) // st
+        out[a] = (i0, step, len(range(i0, r, step)), u0, step * d // st)
+    return out
 
 
 def _check_rows(x: View, out: View, n: int) -> None:
