@@ -67,31 +67,24 @@ class Conv(Op):
             strides, dil, kernel = (1, *strides), (1, *dil), (1, *kernel)
             pads = [0, pads[0], 0, pads[1]]
         out4 = out_shape if r == 2 else out_shape[:2] + (1,) + out_shape[2:]
+        pads4 = (pads[0], pads[1], pads[2], pads[3])
         m = winograd_choice(ctx, x, w, kernel, strides, dil, g, out_shape) if r == 2 else None
         if m is not None:
             xv = ctx.contiguous(x)
             # U stays float32 in a float16 model too: F(4, 3)'s output transform (entries up to 8) amplified U's
             # float16 rounding ~10x (3-5e-3 of max|out| against 2-3e-4 for the direct f16 conv on lavapipe).
-            u = ctx.view(ctx.const(winograd.transform_weights(np.asarray(w.value, np.float32), m)))
-            bias = ctx.contiguous(b) if b is not None else None
-            pads4 = (pads[0], pads[1], pads[2], pads[3])
+            wv = ctx.view(ctx.const(winograd.transform_weights(np.asarray(w.value, np.float32), m)))
             ctx.count("conv.winograd")
-
-            def record_wino(out: View, act: Expr | None, residual: View | None = None) -> list:
-                o4 = View.contiguous(out.handle, out.dtype, out_shape, out.offset)
-                kw = {"residual": residual_view(ctx, residual, out_shape)} if residual is not None else {}
-                return ctx.backend.record_conv_winograd(xv, u, bias, o4, pads4, m, act, **kw)
-
-            return [anchored(ctx, x.dtype, out_shape, record_wino, [xv, u, bias],
-                             takes_bias=ctx.backend.conv_residual)]
-        xv, wv = ctx.contiguous(to_2d(ctx, x)), ctx.contiguous(to_2d(ctx, w))
+        else:
+            xv, wv = ctx.contiguous(to_2d(ctx, x)), ctx.contiguous(to_2d(ctx, w))
         bias = ctx.contiguous(b) if b is not None else None
 
         def record(out: View, act: Expr | None, residual: View | None = None) -> list:
             o4 = View.contiguous(out.handle, out.dtype, out4, out.offset)
-            kw = {"residual": residual_view(ctx, residual, out4)} if residual is not None else {}
-            return ctx.backend.record_conv(xv, wv, bias, o4, strides, (pads[0], pads[1], pads[2], pads[3]), dil, g,
-                                           act, **kw)
+            res = residual_view(ctx, residual, out4) if residual is not None else None
+            if m is not None:  # wv is the transformed filter U
+                return ctx.backend.record_conv_winograd(xv, wv, bias, o4, pads4, m, act, residual=res)
+            return ctx.backend.record_conv(xv, wv, bias, o4, strides, pads4, dil, g, act, residual=res)
 
         return [anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias], takes_bias=ctx.backend.conv_residual)]
 

@@ -340,21 +340,7 @@ class CpuBackend(ComputeBackend):
 
                 return [*run_tasks(tasks), total]
 
-        bound: list[Any] = [None, None]  # the scratch buffer the parts were built on, the parts
-
-        def step() -> None:
-            if first is not None:
-                first()
-            with scratch.lock if scratch is not None else _NO_LOCK:
-                buf = scratch.buf if scratch is not None else None
-                if bound[1] is None or bound[0] is not buf:  # first run, or the scratch grew since
-                    bound[:] = [buf, build(buf)]
-                for part in bound[1]:
-                    part()
-            if last is not None:
-                last()
-
-        return [step]
+        return [_scratch_step(scratch, build, first, last)]
 
     winograd_tiles = (2, 4)
 
@@ -367,11 +353,7 @@ class CpuBackend(ComputeBackend):
         bv = self.array(bias) if bias is not None else None
         # A residual joins the epilogue, after the tiles are in the output: one that shares the output's memory
         # is copied away first.
-        rv = self.array(residual) if residual is not None else None
-        keep: Step | None = None
-        if rv is not None and np.may_share_memory(rv, dst):
-            own = np.empty(rv.shape, rv.dtype)
-            keep, rv = functools.partial(np.copyto, own, rv), own
+        keep, rv = _own_residual(dst, self.array(residual)) if residual is not None else (None, None)
         # Split over the pool's threads, each running its part whole (transforms and products, with OpenBLAS
         # held to the calling thread): see parallel.one_blas_thread.
         pool = parallel.blas_pool()
@@ -396,19 +378,7 @@ class CpuBackend(ComputeBackend):
                 tasks.append(_seq(first, *outs))
             return tasks if len(tasks) == 1 else [functools.partial(pool.run, tasks)]
 
-        bound: list[Any] = [None, None]  # the scratch buffer the tasks were built on, the tasks
-
-        def step() -> None:
-            if keep is not None:
-                keep()
-            with scratch.lock:
-                buf = scratch.buf
-                if bound[0] is not buf:  # first run, or the scratch grew since
-                    bound[:] = [buf, build(buf)]
-                for part in bound[1]:
-                    part()
-
-        return [step]
+        return [_scratch_step(scratch, build, keep)]
 
     @staticmethod
     def _depthwise(xv: np.ndarray, wv: np.ndarray, dst: np.ndarray, kernel: tuple[int, int],
@@ -623,6 +593,27 @@ class CpuBackend(ComputeBackend):
 _NO_LOCK = contextlib.nullcontext()
 
 
+def _scratch_step(scratch: _Scratch | None, build: Callable[[np.ndarray | None], list[Step]],
+                  before: Step | None = None, after: Step | None = None) -> Step:
+    """A step running the parts build(buffer) makes on the scratch buffer (None without scratch), holding its
+    lock; the parts are built on the first run and again whenever the scratch has grown since."""
+    bound: list[Any] = [None, None]  # the scratch buffer the parts were built on, the parts
+
+    def step() -> None:
+        if before is not None:
+            before()
+        with scratch.lock if scratch is not None else _NO_LOCK:
+            buf = scratch.buf if scratch is not None else None
+            if bound[1] is None or bound[0] is not buf:  # first run, or the scratch grew since
+                bound[:] = [buf, build(buf)]
+            for part in bound[1]:
+                part()
+        if after is not None:
+            after()
+
+    return step
+
+
 def _chunks(total: int, parts: int) -> list[tuple[int, int]]:
     """`parts` (or fewer) near-equal [start, stop) ranges covering range(total)."""
     parts = max(1, min(parts, total))
@@ -650,17 +641,22 @@ def _seq(*steps: Step) -> Step:
     return run
 
 
-def _residual_pass(act: Expr | None, dst: np.ndarray, res: np.ndarray) -> tuple[Step | None, Step]:
-    """(before, after): `after` makes dst = act(dst + res) in place once the conv wrote dst; where res shares
-    memory with dst, `before` copies it away first (the conv would overwrite it), else it is None."""
+def _own_residual(dst: np.ndarray, res: np.ndarray) -> tuple[Step | None, np.ndarray]:
+    """(before, residual to read): where res shares memory with dst, `before` copies it into an array of its own
+    first (the conv would overwrite it), else it is None and res is read as it is."""
     if np.may_share_memory(dst, res):
         own = np.empty(res.shape, res.dtype)
-        after = _epilogue(act, dst, own)
-        assert after is not None
-        return functools.partial(np.copyto, own, res), after
+        return functools.partial(np.copyto, own, res), own
+    return None, res
+
+
+def _residual_pass(act: Expr | None, dst: np.ndarray, res: np.ndarray) -> tuple[Step | None, Step]:
+    """(before, after): `after` makes dst = act(dst + res) in place once the conv wrote dst; `before` as
+    _own_residual says."""
+    before, res = _own_residual(dst, res)
     after = _epilogue(act, dst, res)
     assert after is not None
-    return None, after
+    return before, after
 
 
 def _substitute(e: Expr, by: Expr) -> Expr:
