@@ -22,6 +22,7 @@ aligned byte range its views touch; a problem needing more than that is split (s
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,6 +263,8 @@ class Tile:
     bk: int  # K per stage
     tm: int  # rows per thread (multiple of 4)
     tn: int  # columns per thread (multiple of 4)
+    warp: bool = False  # warp-shaped thread layout (GemmProblem._thread_coords); needs TX >= 8, TY >= 4
+    unroll2: bool = False  # the K loop over pairs of tiles with constant stage offsets
 
     @property
     def tx(self) -> int:
@@ -279,19 +282,36 @@ class Tile:
         return 2 * self.bk * (self.bm + self.bn) * 4
 
     def __str__(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}"
+        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}" + "w" * self.warp + "u" * self.unroll2
+
+    @classmethod
+    def parse(cls, s: str) -> Tile:
+        """The tile str() spelled: BMxBNxBK/TMxTN plus 'w' (warp layout) and 'u' (unroll2) suffixes."""
+        g = re.fullmatch(r"(\d+)x(\d+)x(\d+)/(\d+)x(\d+)(w?)(u?)", s)
+        if g is None:
+            raise ValueError(f"tile {s!r}: expected BMxBNxBK/TMxTN with optional 'w' and 'u' suffixes")
+        *dims, w, un = g.groups()
+        return cls(*(int(v) for v in dims), warp=bool(w), unroll2=bool(un))
 
 
 TILES = {
-    "large": Tile(128, 128, 8, 8, 8),   # 256 threads, 16 vec4 accumulators each
+    # 256 threads, 32 vec4 accumulators each, 48 KiB of workgroup memory: 47.1 TFLOP/s at 4096^3 on an H200
+    # (cuBLAS fp32: 51.3), where "large" gets 42.5 (bench_gemm_tiles.py, 2026-11-30).
+    "huge": Tile(128, 256, 16, 8, 16, warp=True, unroll2=True),
+    "large": Tile(128, 128, 16, 8, 8),  # 256 threads, 16 vec4 accumulators each, 32 KiB
     "medium": Tile(64, 64, 16, 4, 4),   # 256 threads
     "small": Tile(32, 32, 8, 4, 4),     # 64 threads
 }
-# Planning (tuned on an H200 through Vulkan with bench/bench_kernels.py's shapes): the 128 x 128 tile where it gives
-# TARGET_WORKGROUPS workgroups and wastes little on edges; else 64 x 64; with fewer 64 x 64 output tiles than that, K
-# is split over more workgroups (partial sums + a reduce kernel applying the epilogue), each split at least
-# MIN_SPLIT_K deep; where K is too short to split and the 64 x 64 tiling leaves the GPU idle, the 32 x 32 tile.
+# Where the adapter has only WebGPU's default 16 KiB of workgroup memory.
+LARGE_16K = Tile(128, 128, 8, 8, 8)
+# Planning (tuned on an H200 through Vulkan with bench/bench_kernels.py's shapes): the huge tile for long-K products
+# with about one workgroup per SM or more, else the 128 x 128 tile where it gives TARGET_WORKGROUPS workgroups and
+# wastes little on edges; else 64 x 64; with fewer 64 x 64 output tiles than that, K is split over more workgroups
+# (partial sums + a reduce kernel applying the epilogue), each split at least MIN_SPLIT_K deep; where K is too
+# short to split and the 64 x 64 tiling leaves the GPU idle, the 32 x 32 tile.
 TARGET_WORKGROUPS = 256
+HUGE_MIN_WORKGROUPS = 128
+HUGE_MIN_K = 1024
 SMALL_BELOW = 128  # unsplittable: the 32 x 32 tile when the 64 x 64 tiling has fewer workgroups than this
 MIN_SPLIT_K = 128
 MAX_SPLITS = 32
@@ -300,7 +320,9 @@ MAX_SPLITS = 32
 def plan_gemm(be: WgpuBackend, m: int, n: int, k: int, z: int) -> tuple[Tile, int]:
     """(tile, number of K splits) for Z products of (M x K) @ (K x N)."""
     limit = int(be.limits.get("max-compute-workgroup-storage-size", 16384))
-    large, medium, small = (TILES[t] for t in ("large", "medium", "small"))
+    huge, large, medium, small = (TILES[t] for t in ("huge", "large", "medium", "small"))
+    if large.smem_bytes() > limit:
+        large = LARGE_16K
 
     def workgroups(t: Tile) -> int:
         return math.ceil(m / t.bm) * math.ceil(n / t.bn) * z
@@ -308,6 +330,9 @@ def plan_gemm(be: WgpuBackend, m: int, n: int, k: int, z: int) -> tuple[Tile, in
     def used(t: Tile) -> float:  # the fraction of the tiles' outputs inside the matrix
         return m * n / (math.ceil(m / t.bm) * t.bm * math.ceil(n / t.bn) * t.bn)
 
+    if (huge.smem_bytes() <= limit and k >= HUGE_MIN_K and workgroups(huge) >= HUGE_MIN_WORKGROUPS
+            and used(huge) >= 0.85):
+        return huge, 1
     if large.smem_bytes() <= limit and workgroups(large) >= TARGET_WORKGROUPS and used(large) >= 0.85:
         return large, 1
     t = medium if medium.smem_bytes() <= limit else small
@@ -543,8 +568,7 @@ class GemmProblem:
         lines += [
             f"    let m0 = tile_m * {u(t.bm)};",
             f"    let n0 = tile_n * {u(t.bn)};",
-            f"    let tx = lid & {u(t.tx - 1)};",
-            f"    let ty = lid >> {u(log2(t.tx))};",
+            *self._thread_coords(),
             *self.a.prologue(t),
             *self.b.prologue(t),
         ]
@@ -559,32 +583,16 @@ class GemmProblem:
                 lines.append(f"    var br{q}: vec4<f32>;")
             lines += ["    {", f"        let k0 = kt0 * {u(t.bk)};", *self.a.load(t, "k0"), *self.b.load(t, "k0"),
                       *self.a.store(t, "As", "0u"), *self.b.store(t, "Bs", "0u"), "    }",
-                      "    workgroupBarrier();",
-                      "    for (var t = 0u; t < nt; t++) {",
-                      f"        let sa = (t & 1u) * {u(sa)} + ty;",
-                      f"        let sb = (t & 1u) * {u(sb)} + tx;"]
-            if per > 1:
-                lines += ["        let more = t + 1u < nt;",
-                          "        if (more) {",
-                          f"        let k0 = (kt0 + t + 1u) * {u(t.bk)};",
-                          *self.a.load(t, "k0"), *self.b.load(t, "k0"),
-                          "        }"]
-            for kk in range(t.bk):
-                lines.append("        {")
-                for g in range(rows // 4):
-                    lines.append(f"        let a{g} = As[sa + {u(kk * t.bm // 4 + g * t.ty)}];")
-                for h in range(cols):
-                    lines.append(f"        let b{h} = Bs[sb + {u(kk * t.bn // 4 + h * t.tx)}];")
-                for r in range(rows):
-                    for h in range(cols):
-                        lines.append(f"        c{r}_{h} += a{r // 4}.{'xyzw'[r % 4]} * b{h};")
-                lines.append("        }")
-            if per > 1:
-                lines += ["        if (more) {",
-                          "        let ns = (t + 1u) & 1u;",
-                          *self.a.store(t, "As", f"ns * {u(sa)}"), *self.b.store(t, "Bs", f"ns * {u(sb)}"),
-                          "        }"]
-            lines += ["        workgroupBarrier();", "    }"]
+                      "    workgroupBarrier();"]
+            if per > 1 and t.unroll2:
+                # Pairs of K tiles with the stages as constants; an odd last tile after the loop.
+                lines += ["    for (var t = 0u; t + 1u < nt; t += 2u) {",
+                          *self._k_tile(0, "t + 1u", True), *self._k_tile(1, "min(t + 2u, nt - 1u)", True),
+                          "    }", "    if ((nt & 1u) == 1u) {", "        let t = nt - 1u;",
+                          *self._k_tile(0, "t", False), "    }"]
+            else:
+                lines += ["    for (var t = 0u; t < nt; t++) {", *self._k_tile(None, "min(t + 1u, nt - 1u)", per > 1),
+                          "    }"]
         for r in range(rows):
             lines.append(f"    let row{r} = m0 + {u((r // 4) * 4 * t.ty + r % 4)} + ty * 4u;")
         for h in range(cols):
@@ -597,6 +605,52 @@ class GemmProblem:
                     lines.append(f"    epi(c{r}_{h}.{c}, {ez}, row{r}, {col});")
         lines.append("}")
         return "\n".join(lines) + "\n"
+
+    def _k_tile(self, stage: int | None, nxt: str, prefetch: bool) -> list[str]:
+        """One K tile of the main loop: prefetch K tile `nxt` into registers, multiply-accumulate from workgroup
+        stage `stage` (None: t & 1), store the prefetched tile into the other stage, barrier.
+
+        The prefetch is unconditional: the last tile reloads itself (`nxt` clamps to nt - 1) into the idle stage,
+        in range and never read. A branch around it (`if (t + 1 < nt)`) cost 13-25 % on an H200 (35 -> 40-42
+        TFLOP/s at 4096^3, bench_gemm_tiles.py): NVIDIA's compiler no longer interleaves the loads with the FMAs."""
+        t = self.tile
+        rows, cols = t.tm, t.tn // 4
+        sa, sb = t.bk * t.bm // 4, t.bk * t.bn // 4
+        if stage is None:
+            lines = [f"        let sa = (t & 1u) * {u(sa)} + ty;", f"        let sb = (t & 1u) * {u(sb)} + tx;"]
+            other = "((t + 1u) & 1u)"
+        else:
+            lines = [f"        let sa = {u(stage * sa)} + ty;", f"        let sb = {u(stage * sb)} + tx;"]
+            other = u(1 - stage)
+        if prefetch:
+            lines += ["        {", f"        let k0 = (kt0 + {nxt}) * {u(t.bk)};", *self.a.load(t, "k0"),
+                      *self.b.load(t, "k0"), "        }"]
+        for kk in range(t.bk):
+            lines.append("        {")
+            for g in range(rows // 4):
+                lines.append(f"        let a{g} = As[sa + {u(kk * t.bm // 4 + g * t.ty)}];")
+            for h in range(cols):
+                lines.append(f"        let b{h} = Bs[sb + {u(kk * t.bn // 4 + h * t.tx)}];")
+            for r in range(rows):
+                for h in range(cols):
+                    lines.append(f"        c{r}_{h} += a{r // 4}.{'xyzw'[r % 4]} * b{h};")
+            lines.append("        }")
+        if prefetch:
+            lines += ["        {", f"        let ns = {other};", *self.a.store(t, "As", f"ns * {u(sa)}"),
+                      *self.b.store(t, "Bs", f"ns * {u(sb)}"), "        }"]
+        # Braces: each K tile (two per iteration with unroll2) declares its own sa, sb, k0, ns.
+        return ["        {", *lines, "        workgroupBarrier();", "        }"]
+
+    def _thread_coords(self) -> list[str]:
+        """(tx, ty) of this thread in the tile's TX x TY thread grid."""
+        t = self.tile
+        if t.warp:
+            # A 32-thread warp covers 8 x 4 threads (lanes 0-7 along x), not a 32 x 1 strip: per K step it
+            # reads 4 distinct A and 8 distinct B vec4s from workgroup memory.
+            wx = t.tx // 8
+            return [f"    let tx = ((lid >> 5u) & {u(wx - 1)}) * 8u + (lid & 7u);",
+                    f"    let ty = (lid >> {u(5 + log2(wx))}) * 4u + ((lid >> 3u) & 3u);"]
+        return [f"    let tx = lid & {u(t.tx - 1)};", f"    let ty = lid >> {u(log2(t.tx))};"]
 
     def record(self, be: WgpuBackend) -> list:
         (gx, gy, gz), _ = self.grid()
