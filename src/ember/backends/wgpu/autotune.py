@@ -43,6 +43,7 @@ import wgpu
 
 from .backend import Dispatch, WgpuBackend
 from .matmul import (
+    HUGE_MIN_WORKGROUPS,
     LARGE_16K,
     MAX_SPLITS,
     MIN_SPLIT_K,
@@ -143,7 +144,11 @@ def candidates(be: WgpuBackend, m: int, n: int, k: int, z: int) -> list[Plan]:
     elif math.ceil(m / bt.bm) * math.ceil(n / bt.bn) * z < TARGET_WORKGROUPS and math.ceil(k / bt.bk) >= 4:
         add(bt, 2)
     large = TILES["large"] if tile_legal(be, TILES["large"]) else LARGE_16K
-    for t in (TILES["huge"], large, WIDE if n >= m else TALL, TILES["medium"], TILES["small"]):
+    # The huge tile only where it fills the GPU unsplit: on ResNet-18's convs (implicit GEMM, at most ~100
+    # of its workgroups) it was 2-3x slower than the 64 x 64 tile every time (H200), so timing it there is waste.
+    ht = TILES["huge"]
+    huge = [ht] if math.ceil(m / ht.bm) * math.ceil(n / ht.bn) * z >= HUGE_MIN_WORKGROUPS else []
+    for t in (*huge, large, WIDE if n >= m else TALL, TILES["medium"], TILES["small"]):
         if t != bt and tile_legal(be, t):
             add(t, _natural_splits(be, t, m, n, k, z))
     return found[:MAX_CANDIDATES]
