@@ -6,7 +6,8 @@ Replays the plan's run step by step with timers (the same calls Plan.run makes),
   write   writing every input (wgpuQueueWriteBuffer: a memcpy into wgpu's staging memory)
   submit  execute_prepared (submit of the command buffer encoded ahead, then encoding the next one)
   wait    reading the outputs (waits for the GPU, maps the readback buffer, copies out)
-and the GPU time of the run's steps (timestamps).
+and the GPU time of the run's steps (timestamps). Each repetition also times a whole run with the readback wait
+spinning (WAIT_SPIN_S, the default) and one that blocks in the driver at once, alternately.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 from bench_models import workloads  # noqa: E402
 
 import ember  # noqa: E402
+from ember.backends.wgpu import backend as wb  # noqa: E402
 
 
 def main() -> int:
@@ -42,7 +44,7 @@ def main() -> int:
         plan = next(iter(model._plans.values()))
         be = plan.backend
         replay, _, readers = plan._readback
-        parts: dict[str, list[float]] = {"write": [], "submit": [], "wait": [], "run": []}
+        parts: dict[str, list[float]] = {"write": [], "submit": [], "wait": [], "run": [], "run, blocking wait": []}
         for _ in range(args.repeat):
             t0 = time.perf_counter()
             for n, _t, write in plan._writers:
@@ -59,10 +61,16 @@ def main() -> int:
             t4 = time.perf_counter()
             model.run(feeds)
             parts["run"].append(time.perf_counter() - t4)
+            spin, wb.WAIT_SPIN_S = wb.WAIT_SPIN_S, 0.0
+            t5 = time.perf_counter()
+            model.run(feeds)
+            parts["run, blocking wait"].append(time.perf_counter() - t5)
+            wb.WAIT_SPIN_S = spin
         med = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
         gpu = be.gpu_time(plan.steps)
         print(f"{name}: run {med['run']:.3f} ms = write {med['write']:.3f} + submit {med['submit']:.3f} + wait "
-              f"{med['wait']:.3f}; GPU {gpu:.3f} ms")
+              f"{med['wait']:.3f}; GPU {gpu:.3f} ms; run with a blocking wait (no spin) "
+              f"{med['run, blocking wait']:.3f} ms")
     return 0
 
 

@@ -44,6 +44,9 @@ _NULL: Any = None
 _FFI: Any = None
 _LIBF: Any = None
 _MAP_CALLBACK: Any = None
+# On a hardware GPU a readback wait first polls the device without blocking for up to this long, then sleeps in the
+# driver's fence wait: waking from that sleep costs a run of a millisecond or two a visible slice of its time.
+WAIT_SPIN_S = float(os.environ.get("EMBER_WAIT_SPIN_US", "3000")) * 1e-6
 
 
 def _raw_lib() -> Any:
@@ -568,8 +571,11 @@ class WgpuBackend(ComputeBackend):
         info.userdata1 = cell
         buf, device = staging._internal, self.device._internal
         lib.wgpuBufferMapAsync(buf, lib.WGPUMapMode_Read, 0, size, info[0])
+        # A software adapter (lavapipe) runs the work on the host's cores: spinning there would take one from it.
+        spin = 0.0 if self.adapter.info["adapter_type"] == "CPU" else WAIT_SPIN_S
+        deadline = time.perf_counter() + spin
         while cell[0] == 0:  # the callback may also run on wgpu-py's poll thread: poll until it has
-            lib.wgpuDevicePoll(device, 1, _NULL)
+            lib.wgpuDevicePoll(device, 0 if time.perf_counter() < deadline else 1, _NULL)
         if cell[0] != lib.WGPUMapAsyncStatus_Success:
             raise RuntimeError(f"wgpu: mapping a readback buffer failed (status {cell[0]})")
         try:
