@@ -266,6 +266,38 @@ def test_runs_replay_a_command_buffer_encoded_ahead(conv_model) -> None:
     assert all(not r.ahead for r in replays)
 
 
+@pytest.mark.parametrize("spin_s", [0.0, 1e-6, 5.0])
+def test_readback_wait_spins_then_blocks(conv_model, monkeypatch, spin_s) -> None:
+    """A hardware GPU's readback polls without blocking before the driver's fence wait: with no spin, a spin that
+    ends before the GPU does (then blocks), and one that outlasts it, every run returns its own outputs."""
+    from ember.backends.wgpu import backend as wb
+
+    calls = []
+
+    def spin(self) -> float:
+        calls.append(spin_s)
+        return spin_s
+
+    monkeypatch.setattr(wb.WgpuBackend, "_readback_spin_s", spin)
+    m = ember.load_onnx(conv_model, backend="wgpu")
+    rng = np.random.default_rng(5)
+    for batch in (3, 1, 3):
+        x = rng.random((batch, 3, 8, 8), np.float32)
+        np.testing.assert_allclose(m.run({"x": x})["y"], reference(conv_model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    assert len(calls) >= 3
+
+
+def test_readback_never_spins_on_a_software_adapter() -> None:
+    be = ember.backend("wgpu")
+    be._require_init()
+    if be.adapter.info["adapter_type"] == "CPU":
+        assert be._readback_spin_s() == 0.0
+    else:
+        from ember.backends.wgpu import backend as wb
+
+        assert be._readback_spin_s() == wb.WAIT_SPIN_S
+
+
 def test_wgpu_profile_methods(conv_model) -> None:
     """Both wgpu profile methods on the same plan: one non-negative time per step; the marginal one (what a
     step adds to the whole run, the default on hardware GPUs) is exercised here on lavapipe too."""

@@ -46,7 +46,18 @@ _LIBF: Any = None
 _MAP_CALLBACK: Any = None
 # On a hardware GPU a readback wait first polls the device without blocking for up to this long, then sleeps in the
 # driver's fence wait: waking from that sleep costs a run of a millisecond or two a visible slice of its time.
-WAIT_SPIN_S = float(os.environ.get("EMBER_WAIT_SPIN_US", "3000")) * 1e-6
+def _env_spin_s() -> float:
+    text = os.environ.get("EMBER_WAIT_SPIN_US", "").strip() or "3000"
+    try:
+        us = float(text)
+    except ValueError:
+        raise ValueError(f"EMBER_WAIT_SPIN_US must be a number of microseconds, got {text!r}") from None
+    if not us >= 0:
+        raise ValueError(f"EMBER_WAIT_SPIN_US must be >= 0, got {text!r}")
+    return us * 1e-6
+
+
+WAIT_SPIN_S = _env_spin_s()
 
 
 def _raw_lib() -> Any:
@@ -551,6 +562,11 @@ class WgpuBackend(ComputeBackend):
 
         return write_input
 
+    def _readback_spin_s(self) -> float:
+        """How long a readback wait polls without blocking (WAIT_SPIN_S). Never on a software adapter (lavapipe):
+        it runs the GPU work on the host's cores, and a spinning thread would take one of them."""
+        return 0.0 if self.adapter.info["adapter_type"] == "CPU" else WAIT_SPIN_S
+
     def _map_read(self, staging: Any, size: int) -> bytes:
         """The first `size` bytes of a MAP_READ buffer, after all submitted work.
 
@@ -571,9 +587,7 @@ class WgpuBackend(ComputeBackend):
         info.userdata1 = cell
         buf, device = staging._internal, self.device._internal
         lib.wgpuBufferMapAsync(buf, lib.WGPUMapMode_Read, 0, size, info[0])
-        # A software adapter (lavapipe) runs the work on the host's cores: spinning there would take one from it.
-        spin = 0.0 if self.adapter.info["adapter_type"] == "CPU" else WAIT_SPIN_S
-        deadline = time.perf_counter() + spin
+        deadline = time.perf_counter() + self._readback_spin_s()
         while cell[0] == 0:  # the callback may also run on wgpu-py's poll thread: poll until it has
             lib.wgpuDevicePoll(device, 0 if time.perf_counter() < deadline else 1, _NULL)
         if cell[0] != lib.WGPUMapAsyncStatus_Success:
