@@ -3,11 +3,13 @@
 Two kernels:
 - a *generated* register-blocked kernel (`GemmProblem`): a BM x BN output tile per workgroup, TM x TN outputs per
   thread in named vec4 accumulators, A stored transposed in workgroup memory so both operands are read as
-  vec4, two workgroup-memory stages plus a register prefetch (one barrier per K tile). Operands are loaded in
+  vec4, two workgroup-memory stages plus an unconditional register prefetch (one barrier per K tile; a branch
+  around the prefetch cost 13-25 % on an H200), optionally a warp-shaped thread layout and a K loop over pairs
+  of tiles (Tile.warp / Tile.unroll2: the "huge" tile's 47 TFLOP/s at 4096^3). Operands are loaded in
   "quads" of four consecutive elements along their unit-stride dimension (vec4 loads when aligned, four
   scalar loads otherwise). Shapes and strides are baked in as constants, and every guard the shape needs (edge
   tiles, partial vec4s) is emitted, so every index is in range: the module can be trusted. conv.py reuses the
-  generator with an implicit-im2col loader. `plan_gemm` picks the tile (128x128, 64x64 or 32x32) and, when the
+  generator with an implicit-im2col loader. `plan_gemm` picks the tile (128x256, 128x128, 64x64 or 32x32) and, when the
   output has too few tiles to fill the GPU, splits K: partial sums into a buffer of the kernel's own, then
   kernels/splitk_reduce.wgsl adds them and applies the epilogue.
 - a simple 16 x 16 tiled kernel over arbitrary (even negative) strides, kernels/matmul_strided.wgsl, for
@@ -530,7 +532,8 @@ class GemmProblem:
         head = [
             f"// ember generated tiled matmul '{self.name}': Z={self.z} x (M={self.m} x K={self.k}) @ (K x N={self.n})",
             f"// tile {t.bm}x{t.bn}, K step {t.bk}, {t.tm}x{t.tn} outputs per thread, {t.threads} threads,",
-            "// two workgroup-memory stages (A stored transposed) + register prefetch"
+            "// two workgroup-memory stages (A stored transposed) + unconditional register prefetch"
+            + (", warp-shaped thread layout" if t.warp else "") + (", K loop over pairs of tiles" if t.unroll2 else "")
             + ("." if self.splits == 1 else f"; K split {self.splits} ways ({per} K tiles each) into partial sums."),
             "// Bindings (group 0):",
             *self.binds.comment(),
