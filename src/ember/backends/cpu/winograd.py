@@ -77,7 +77,7 @@ class Layout:
 
     Tiles are computed over a grid of (tiles_h + 1) x (tiles_w + 1) per image, one more than the output needs:
     a tile's alpha = m + 2 rows span two rows of the input split by phase (row = g*m + phase), so with that
-    extra row and column every transform step is one ufunc over a flat, contiguous run (shifted by 0 or 1
+    extra row and column every transform step is one call over a flat, contiguous run (shifted by 0 or 1
     grid position), and the extra tiles (garbage, never read back) cost less than short strided loops would.
     """
 
@@ -100,18 +100,16 @@ class Layout:
         self.elems = 0
         # The output channels may be split into kparts ranges, each one task (products and output transform).
         self.kranges = _ranges(k, kparts)
-        kh = max(b - a_ for a_, b in self.kranges) * self.g
-        # xq and cols die once v is made; v once the products ran (all of them: z may reuse it only with one
-        # task); y reuses xq's space where it fits.
-        self._place("xq", m * m * cg)  # the padded input split by row and column phase (cph, rph, C, N, Hq, Wq)
-        self._place("cols", a * m * cg)  # B^T along columns: (nu, rph, C, N, Hq, Wq)
+        # The padded input split by phases (xq) is each conv's own, outside the scratch (build): its padding
+        # zeros are written once. cols dies once v is made, v once the products ran (all of them: z may reuse
+        # it only with one task); y reuses cols' space where it fits.
+        # cols: B^T along columns, (nu, row phase, C, N, Hq, Wq); with F(4,3) alpha row phases, the last two
+        # copies of the first two shifted by a grid row, so that B^T along rows is one batched product.
+        self._place("cols", a * (a if m > 2 else m) * cg)
         self._place("v", a * a * cg)  # (alpha^2, C, G)
         self._place("m", a * a * kg)  # (alpha^2, K, G)
         self._place("z", m * a * kg, reuse="v" if len(self.kranges) == 1 else None)  # A^T along rows: (i, nu, K, G)
-        self._place("y", m * m * kg, reuse="xq")  # the output tiles: (i, j, K, N, Hq, Wq)
-        self._place("tmp", 2 * max(m * cg, a * cg))  # the input transform's temporaries
-        for i in range(len(self.kranges)):  # each task's own for the output transform
-            self._place(f"tmp{i}", 4 * a * kh)
+        self._place("y", m * m * kg, reuse="cols")  # the output tiles: (i, j, K, N, Hq, Wq)
 
     def _place(self, name: str, size: int, reuse: str | None = None) -> None:
         if reuse is not None and size <= self._room(reuse):
@@ -122,7 +120,7 @@ class Layout:
         self.sizes[name] = size
 
     def _room(self, name: str) -> int:
-        """Elements from `name`'s offset to the next buffer placed after it (xq runs on into cols)."""
+        """Elements from `name`'s offset to the next buffer placed after it."""
         start = self.offsets[name]
         later = [o for o in self.offsets.values() if o > start]
         return (min(later) if later else self.elems) - start
@@ -140,6 +138,19 @@ def _phase_span(phase: int, m: int, pad: int, size: int, grid: int) -> tuple[int
     return lo, max(lo, hi)
 
 
+def _phase_groups(m: int, pad: int, size: int, grid: int) -> list[tuple[int, int, int, int]]:
+    """The phases 0..m-1 of one axis grouped by their span: (first phase, phases, lo, hi) per run of
+    consecutive phases with the same [lo, hi), so that one strided copy moves a whole group."""
+    out: list[tuple[int, int, int, int]] = []
+    for ph in range(m):
+        lo, hi = _phase_span(ph, m, pad, size, grid)
+        if out and out[-1][2:] == (lo, hi):
+            out[-1] = (out[-1][0], out[-1][1] + 1, lo, hi)
+        else:
+            out.append((ph, 1, lo, hi))
+    return out
+
+
 def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, dst: np.ndarray, buf: np.ndarray,
           epilogue: Callable[..., Step | None], res: np.ndarray | None = None) -> tuple[Step, list[Step]]:
     """The steps of one conv over the scratch `buf` (float32 elements): xv (N, C, H, W), uv (alpha^2, K, C),
@@ -148,103 +159,131 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
     nothing to do.
 
     Returns the input transform, then one task per range of output channels (lay.kranges: products, output
-    transform, bias and activation), which may run side by side once the input transform ran."""
+    transform, bias and activation), which may run side by side once the input transform ran.
+
+    Every numpy call here costs more than its work on small convs when two threads run them (each hands the
+    GIL over: 5 calls of 50K elements on two threads took longer than on one), so the transforms are few
+    large calls: grouped phase copies, and the transforms along an axis as one (batched) product with the
+    small B^T or A^T, not one ufunc per matrix entry (F(4,3): 128 calls a conv before, ~20 now)."""
     n, c, k, m, a = lay.n, lay.c, lay.k, lay.m, lay.a
     hq, wq, g = lay.hq, lay.wq, lay.g
     top, left = lay.pads[0], lay.pads[1]
-    cg, kg = c * g, k * g
+    cg = c * g
+    bt, _, at = (mat.astype(np.float32) for mat in winograd.float_matrices(m))
 
-    def temps(name: str, shape: tuple[int, ...], count: int) -> list[np.ndarray]:
-        flat = lay.take(buf, name, (lay.sizes[name],))
-        size, part = math.prod(shape), lay.sizes[name] // count
-        return [flat[i * part: i * part + size].reshape(shape) for i in range(count)]
-
-    # 1. The padded input by phases: xq[cph, rph, c, n, gr, gc] = x[n, c, gr*m + rph - top, gc*m + cph - left].
-    xq = lay.take(buf, "xq", (m, m, c, n, hq, wq))
-    src = xv.transpose(1, 0, 2, 3)
-    copies, zeros = [], []
-    for rph in range(m):
-        r0, r1 = _phase_span(rph, m, top, lay.h, hq)
-        for cph in range(m):
-            c0, c1 = _phase_span(cph, m, left, lay.w, wq)
-            plane = xq[cph, rph]
-            if r1 > r0 and c1 > c0:
-                sr, sc = r0 * m + rph - top, c0 * m + cph - left
-                copies.append((plane[:, :, r0:r1, c0:c1], src[:, :, sr:sr + (r1 - r0 - 1) * m + 1:m,
-                                                             sc:sc + (c1 - c0 - 1) * m + 1:m]))
-                strips = (plane[:, :, :r0], plane[:, :, r1:], plane[:, :, r0:r1, :c0], plane[:, :, r0:r1, c1:])
-            else:
-                strips = (plane,)
-            zeros += [z for z in strips if z.size]
-    # 2. B^T along columns: tile column gc reads grid columns gc (phases 0..m-1) and gc + 1 (phases 0, 1), so
-    # each input is the phase plane shifted by 0 or 1 element; the last element (a garbage column) stays unset.
-    xqf = xq.reshape(m, m * cg)
-    cols = lay.take(buf, "cols", (a, m * cg))
+    # 1. The padded input by phases: xq[cph, rph, c, n, gr, gc] = x[n, c, gr*m + rph - top, gc*m + cph - left],
+    # in memory of this conv's own whose padding (and garbage grid positions) stay zero from here on. F(4,3)
+    # adds rows m, m+1: rows 0, 1 one grid column on (filled by a copy per run).
+    rows_x = a if m > 2 else m
+    xqe = np.zeros((rows_x, m * cg), np.float32)
+    xq = xqe[:m].reshape(m, m, c, n, hq, wq)
+    copies = []
+    for rph, nr, r0, r1 in _phase_groups(m, top, lay.h, hq):
+        for cph, nc, c0, c1 in _phase_groups(m, left, lay.w, wq):
+            if r1 <= r0 or c1 <= c0:
+                continue
+            sr, sc = r0 * m + rph - top, c0 * m + cph - left
+            # (c, n, rph in group, gr, cph in group, gc) on both sides: phases of a group are consecutive input
+            # rows (columns), one element apart.
+            d = xq[cph:cph + nc, rph:rph + nr, :, :, r0:r1, c0:c1].transpose(2, 3, 1, 4, 0, 5)
+            copies.append((d, _split_axes(xv[:, :, sr:, sc:], m, (nr, r1 - r0), (nc, c1 - c0))))
     span = m * cg - 1
-    prog = input_transform(m, [xqf[j % m, j // m: j // m + span] for j in range(a)], [r[:span] for r in cols],
-                           temps("tmp", (span,), 2))
-    zeros.append(cols[:, span:])
-    # 3. B^T along rows, the same way one grid row (wq elements) apart.
-    colsr = cols.reshape(a, m, cg)
+    xqf = xqe[:m].reshape(m, m * cg)
+    cols = lay.take(buf, "cols", (a, rows_x, cg))
+    prog: Prog = []
+    fills = [cols[:, :m].reshape(a, m * cg)[:, span:]]  # the last (garbage) column: kept finite
     v = lay.take(buf, "v", (a * a, c, g))
     vr = v.reshape(a, a, cg)
-    span = cg - wq
-    prog += input_transform(m, [colsr[:, i % m, (i // m) * wq: (i // m) * wq + span] for i in range(a)],
-                            [vr[xi, :, :span] for xi in range(a)], temps("tmp", (a, span), 2))
-    zeros.append(vr[:, :, span:])  # garbage tiles, but finite
+    rspan = cg - wq
+    fills.append(vr[:, :, rspan:])  # garbage tiles, but finite
+    if m > 2:
+        # 2. B^T along columns: tile column gc reads grid columns gc (phases 0..m-1) and gc + 1 (phases 0, 1):
+        # rows m, m+1 of xqe, so B^T is one product over the flat runs.
+        prog.append((np.copyto, (xqe[m:, :span], xqf[:2, 1:1 + span]), None))
+        prog.append((np.matmul, (bt, xqe[:, :span]), cols[:, :m].reshape(a, m * cg)[:, :span]))
+        # 3. B^T along rows the same way, one grid row (wq elements) apart, batched over nu; V[xi, nu] is written
+        # through a transposed view.
+        prog.append((np.copyto, (cols[:, m:, :rspan], cols[:, :2, wq:]), None))
+        prog.append((np.matmul, (bt, cols[:, :, :rspan]), vr[:, :, :rspan].transpose(1, 0, 2)))
+    else:
+        # F(2,3)'s B^T has two entries a row: four ufuncs an axis beat copying rows to make one product.
+        colsf = cols.reshape(a, m * cg)
+        prog += input_transform(m, [xqf[j % m, j // m: j // m + span] for j in range(a)],
+                                [r[:span] for r in colsf], [])
+        prog += input_transform(m, [cols[:, i % m, (i // m) * wq: (i // m) * wq + rspan] for i in range(a)],
+                                [vr[xi, :, :rspan] for xi in range(a)], [])
 
     def transform_in() -> None:
-        for z_ in zeros:
-            z_.fill(0)
         for d_, s_ in copies:
             np.copyto(d_, s_)
+        for z_ in fills:
+            z_.fill(0)
         # No np.errstate around the arithmetic: it cost 20 us a task with two threads running (measured), and
         # the tiles are finite unless the input is not (then numpy warns, as the direct conv's product does).
         for fn, args, out in prog:
-            fn(*args, out=out)
+            if out is None:
+                fn(*args)
+            else:
+                fn(*args, out=out)
 
     mm = lay.take(buf, "m", (a * a, k, g))
-    mr = mm.reshape(a, a, kg)
-    z = lay.take(buf, "z", (m, a, kg))
-    y = lay.take(buf, "y", (m, m, kg))
-    y6 = y.reshape(m, m, k, n, hq, wq)
+    z = lay.take(buf, "z", (m, a, k * g))
+    y = lay.take(buf, "y", (m, m, k * g))
     vc = v[:, :, :lay.cols]
-    return transform_in, [_output_task(lay, i, k0, k1, uv, vc, mm, mr, z, y6, dst, res, bv, buf, epilogue)
-                          for i, (k0, k1) in enumerate(lay.kranges)]
+    return transform_in, [_output_task(lay, k0, k1, uv, vc, mm, z, y, at, dst, res, bv, epilogue)
+                          for k0, k1 in lay.kranges]
 
 
-def _output_task(lay: Layout, i: int, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, mm: np.ndarray,
-                 mr: np.ndarray, z: np.ndarray, y6: np.ndarray, dst: np.ndarray, res: np.ndarray | None,
-                 bv: np.ndarray | None, buf: np.ndarray, epilogue: Callable[..., Step | None]) -> Step:
+def _split_axes(x: np.ndarray, m: int, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+    """x (N, C, H, W) -> (C, N, phases, grid rows, phases, grid cols) with row = grid row * m + phase (rows,
+    cols: phases and grid positions): a strided view."""
+    sn, sc, sh, sw = x.strides
+    assert (rows[1] - 1) * m + rows[0] <= x.shape[2] and (cols[1] - 1) * m + cols[0] <= x.shape[3]
+    return np.lib.stride_tricks.as_strided(x, (x.shape[1], x.shape[0], rows[0], rows[1], cols[0], cols[1]),
+                                           (sc, sn, sh, m * sh, sw, m * sw), writeable=False)
+
+
+def _untile(y6: np.ndarray, out: np.ndarray, m: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Copies moving the tiles y6 (i, j, K, N, Hq, Wq) into out (N, K, P, Q): out[n, k, gr*m + i, gc*m + j] =
+    y6[i, j, k, n, gr, gc]; one copy for the whole tiles, one per edge of partial ones (at most 4)."""
+    _, _, p, q = out.shape
+    (fr, er), (fc, ec) = divmod(p, m), divmod(q, m)
+    rows = [(0, fr, m)] * (fr > 0) + [(fr, fr + 1, er)] * (er > 0)
+    cols = [(0, fc, m)] * (fc > 0) + [(fc, fc + 1, ec)] * (ec > 0)
+    pairs = []
+    for g0, g1, ni in rows:
+        for h0, h1, nj in cols:
+            d = out[:, :, g0 * m: g0 * m + (g1 - g0) * ni, h0 * m: h0 * m + (h1 - h0) * nj]
+            n_, k_ = d.shape[:2]
+            sn, sk, sh, sw = d.strides
+            # (i, j, k, n, gr, gc) order, as y6.
+            d6 = np.lib.stride_tricks.as_strided(d, (ni, nj, k_, n_, g1 - g0, h1 - h0),
+                                                 (sh, sw, sk, sn, ni * sh, nj * sw))
+            pairs.append((d6, y6[:ni, :nj, :, :, g0:g1, h0:h1]))
+    return pairs
+
+
+def _output_task(lay: Layout, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, mm: np.ndarray, z: np.ndarray,
+                 y: np.ndarray, at: np.ndarray, dst: np.ndarray, res: np.ndarray | None, bv: np.ndarray | None,
+                 epilogue: Callable[..., Step | None]) -> Step:
     """Output channels [k0, k1): their products, A^T M A, bias, the tiles into the output, the activation."""
     m, a, g = lay.m, lay.a, lay.g
     ks = slice(k0 * g, k1 * g)
-    span = (k1 - k0) * g
-    flat = lay.take(buf, f"tmp{i}", (lay.sizes[f"tmp{i}"],))
-    part = lay.sizes[f"tmp{i}"] // 4
-
-    def temps(shape: tuple[int, ...]) -> list[np.ndarray]:
-        return [flat[j * part: j * part + math.prod(shape)].reshape(shape) for j in range(4)]
-
     uk, mk = uv[:, k0:k1], mm[:, k0:k1, :lay.cols]
     post: Prog = []
     if bv is not None:  # A^T[:, 1] = A[1, :] = 1: added to M[1, 1], the bias reaches the whole tile
         post.append((np.add, (mm[a + 1, k0:k1], bv[k0:k1].reshape(-1, 1)), mm[a + 1, k0:k1]))
-    # 4. A^T M A: rows into z (i, nu, K*G), then columns into y (i, j, K*G); contiguous runs of this range.
-    post += output_transform(m, [mr[xi][:, ks] for xi in range(a)], [z[r][:, ks] for r in range(m)],
-                             temps((a, span)))
-    post += output_transform(m, [z[:, nu, ks] for nu in range(a)], [y6.reshape(m, m, -1)[:, j, ks] for j in range(m)],
-                             temps((m, span)))
-    # 5. The tiles into the output: y[i, j, k, n, gr, gc] -> out[n, k, gr*m + i, gc*m + j]; then the residual
-    # and activation in place over this range of the output. Copies are the fastest strided pass numpy has:
-    # the activation (and residual) fused into these strided writes took 1.8x (3.3x) as long as the copies
-    # plus one contiguous pass (measured on a 64 x 28 x 56 band).
-    out_t = dst.transpose(1, 0, 2, 3)
-    scatter = []
-    for r in range(min(m, lay.p)):
-        for j in range(min(m, lay.q)):
-            d = out_t[k0:k1, :, r::m, j::m]
-            scatter.append((d, y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]]))
+    # 4. A^T M A as two batched products with the small A^T: along rows into z (i, nu, K*G), batched over nu
+    # (M[xi, nu] read, z written through transposed views), then along columns into y (i, j, K*G), batched
+    # over i; runs of this range of output channels.
+    mr = mm.reshape(a, a, -1)
+    post.append((np.matmul, (at, mr[:, :, ks].transpose(1, 0, 2)), z[:, :, ks].transpose(1, 0, 2)))
+    post.append((np.matmul, (at, z[:, :, ks]), y[:, :, ks]))
+    # 5. The tiles into the output, then the residual and activation in place over this range of the output.
+    # Copies are the fastest strided pass numpy has: the activation (and residual) fused into these strided
+    # writes took 1.8x (3.3x) as long as the copies plus one contiguous pass (measured on a 64 x 28 x 56 band).
+    y6 = y.reshape(m, m, lay.k, lay.n, lay.hq, lay.wq)[:, :, k0:k1]
+    scatter = _untile(y6, dst[:, k0:k1], m)
     last = epilogue(dst[:, k0:k1], res[:, k0:k1] if res is not None else None)
 
     tail = mm[:, k0:k1, lay.cols:]  # tiles the products skip (an image's last grid row): kept finite
