@@ -191,7 +191,7 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
     xqf = xqe[:m].reshape(m, m * cg)
     cols = lay.take(buf, "cols", (a, rows_x, cg))
     prog: Prog = []
-    fills = [cols[:, :m].reshape(a, m * cg)[:, span:]]  # the last (garbage) column: kept finite
+    fills = [_view(cols[:, :m], (a, m * cg))[:, span:]]  # the last (garbage) column: kept finite
     v = lay.take(buf, "v", (a * a, c, g))
     vr = v.reshape(a, a, cg)
     rspan = cg - wq
@@ -200,11 +200,11 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
         # 2. B^T along columns: tile column gc reads grid columns gc (phases 0..m-1) and gc + 1 (phases 0, 1):
         # rows m, m+1 of xqe, so B^T is one product over the flat runs.
         prog.append((np.copyto, (xqe[m:, :span], xqf[:2, 1:1 + span]), None))
-        prog.append((np.matmul, (bt, xqe[:, :span]), cols[:, :m].reshape(a, m * cg)[:, :span]))
+        prog += _product(bt, xqe[:, :span], _view(cols[:, :m], (a, m * cg))[:, :span])
         # 3. B^T along rows the same way, one grid row (wq elements) apart, batched over nu; V[xi, nu] is written
         # through a transposed view.
         prog.append((np.copyto, (cols[:, m:, :rspan], cols[:, :2, wq:]), None))
-        prog.append((np.matmul, (bt, cols[:, :, :rspan]), vr[:, :, :rspan].transpose(1, 0, 2)))
+        prog += _product(bt, cols[:, :, :rspan], vr[:, :, :rspan].transpose(1, 0, 2))
     else:
         # F(2,3)'s B^T has two entries a row: four ufuncs an axis beat copying rows to make one product.
         colsf = cols.reshape(a, m * cg)
@@ -234,6 +234,18 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
                           for k0, k1 in lay.kranges]
 
 
+# Elements of a transform product's right-hand block per call: OpenBLAS runs these short products (K = alpha) 4-10x
+# slower once that block outgrows the core's L2 cache (measured: (4 x 6) @ (6 x 57600) 0.92 ms as one call,
+# 0.25 ms in 22 calls), so longer runs go in chunks.
+CHUNK = 1 << 17
+
+
+def _product(mat: np.ndarray, src: np.ndarray, out: np.ndarray) -> Prog:
+    """np.matmul(mat, src, out=out) (src and out: (..., K, L) and (..., M, L)) in chunks along L."""
+    step = max(1024, CHUNK // src.shape[-2])
+    return [(np.matmul, (mat, src[..., i:i + step]), out[..., i:i + step]) for i in range(0, src.shape[-1], step)]
+
+
 def _split_axes(x: np.ndarray, m: int, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
     """x (N, C, H, W) -> (C, N, phases, grid rows, phases, grid cols) with row = grid row * m + phase (rows,
     cols: phases and grid positions): a strided view."""
@@ -243,24 +255,11 @@ def _split_axes(x: np.ndarray, m: int, rows: tuple[int, int], cols: tuple[int, i
                                            (sc, sn, sh, m * sh, sw, m * sw), writeable=False)
 
 
-def _untile(y6: np.ndarray, out: np.ndarray, m: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Copies moving the tiles y6 (i, j, K, N, Hq, Wq) into out (N, K, P, Q): out[n, k, gr*m + i, gc*m + j] =
-    y6[i, j, k, n, gr, gc]; one copy for the whole tiles, one per edge of partial ones (at most 4)."""
-    _, _, p, q = out.shape
-    (fr, er), (fc, ec) = divmod(p, m), divmod(q, m)
-    rows = [(0, fr, m)] * (fr > 0) + [(fr, fr + 1, er)] * (er > 0)
-    cols = [(0, fc, m)] * (fc > 0) + [(fc, fc + 1, ec)] * (ec > 0)
-    pairs = []
-    for g0, g1, ni in rows:
-        for h0, h1, nj in cols:
-            d = out[:, :, g0 * m: g0 * m + (g1 - g0) * ni, h0 * m: h0 * m + (h1 - h0) * nj]
-            n_, k_ = d.shape[:2]
-            sn, sk, sh, sw = d.strides
-            # (i, j, k, n, gr, gc) order, as y6.
-            d6 = np.lib.stride_tricks.as_strided(d, (ni, nj, k_, n_, g1 - g0, h1 - h0),
-                                                 (sh, sw, sk, sn, ni * sh, nj * sw))
-            pairs.append((d6, y6[:ni, :nj, :, :, g0:g1, h0:h1]))
-    return pairs
+def _view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """x reshaped, which must not copy (a copy would take the writes meant for x)."""
+    v = x.reshape(shape)
+    assert np.shares_memory(v, x)
+    return v
 
 
 def _output_task(lay: Layout, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, mm: np.ndarray, z: np.ndarray,
@@ -277,13 +276,19 @@ def _output_task(lay: Layout, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, 
     # (M[xi, nu] read, z written through transposed views), then along columns into y (i, j, K*G), batched
     # over i; runs of this range of output channels.
     mr = mm.reshape(a, a, -1)
-    post.append((np.matmul, (at, mr[:, :, ks].transpose(1, 0, 2)), z[:, :, ks].transpose(1, 0, 2)))
-    post.append((np.matmul, (at, z[:, :, ks]), y[:, :, ks]))
+    post += _product(at, mr[:, :, ks].transpose(1, 0, 2), z[:, :, ks].transpose(1, 0, 2))
+    post += _product(at, z[:, :, ks], y[:, :, ks])
     # 5. The tiles into the output, then the residual and activation in place over this range of the output.
     # Copies are the fastest strided pass numpy has: the activation (and residual) fused into these strided
     # writes took 1.8x (3.3x) as long as the copies plus one contiguous pass (measured on a 64 x 28 x 56 band).
-    y6 = y.reshape(m, m, lay.k, lay.n, lay.hq, lay.wq)[:, :, k0:k1]
-    scatter = _untile(y6, dst[:, k0:k1], m)
+    # One copy per tile position (i, j): numpy ran one 6-D copy 2-4x slower (it loops over j innermost).
+    y6 = y.reshape(m, m, lay.k, lay.n, lay.hq, lay.wq)
+    out_t = dst.transpose(1, 0, 2, 3)
+    scatter = []
+    for r in range(min(m, lay.p)):
+        for j in range(min(m, lay.q)):
+            d = out_t[k0:k1, :, r::m, j::m]
+            scatter.append((d, y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]]))
     last = epilogue(dst[:, k0:k1], res[:, k0:k1] if res is not None else None)
 
     tail = mm[:, k0:k1, lay.cols:]  # tiles the products skip (an image's last grid row): kept finite
@@ -360,11 +365,24 @@ def choose(n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
 
     The transforms cost per tile and channel, the products save per tile and channel pair: Winograd needs
     channels (32 and up) and enough tiles to spread its transformed filter over (16/9 the weight's bytes for
-    F(2,3), read per run): 16 tiles (7x7 at batch 1) are too few, 49 (14x14) enough. F(4,3) is never clearly
-    ahead (1% at batch 8 on 56x56 and 28x28, well behind elsewhere: 36 short products, 4x the weight's
-    bytes) and rounds more, so F(2,3) is the only default; EMBER_WINOGRAD=4 still runs it.
+    F(2,3), read per run): 16 tiles (7x7 at batch 1) are too few, 49 (14x14) enough.
+
+    Since the transforms became a few large calls (products with B^T and A^T; 2026-11-30, 2 threads, same
+    bench, p20 of 15, ms):
+
+        N x C x S     direct  F(2,3)  F(4,3)       N x C x S    direct  F(2,3)  F(4,3)
+        1 x  64 x 56    1.55    1.08    0.98       8 x  64 x 56  15.36   11.00    8.76
+        1 x 128 x 28    1.48    1.15    1.08       8 x 128 x 28  12.33    7.84    6.74
+        1 x  32 x 56    0.92    0.61    0.58       8 x 256 x 14  11.93    7.65    9.77
+
+    F(4,3) (4x fewer multiply-adds than direct, 2.25x for F(2,3)) wins where its own tiles are enough and its
+    transformed filter (36/9 the weight's bytes) stays small, up to 128 x 128 channels (2.4 MB); its rounding
+    (~1e-5 relative at 128 channels) is within the tests' tolerances against float64 and ONNX Runtime.
     """
     if np.dtype(dtype) != np.float32 or min(c, k) < 32:
         return None
+    th, tw = winograd.tiles(p, q, 4)
+    if n * th * tw >= 40 and c * k <= 128 * 128:
+        return 4
     th, tw = winograd.tiles(p, q, 2)
     return 2 if n * th * tw >= 40 else None
