@@ -242,7 +242,7 @@ CHUNK = 1 << 17
 
 def _product(mat: np.ndarray, src: np.ndarray, out: np.ndarray) -> Prog:
     """np.matmul(mat, src, out=out) (src and out: (..., K, L) and (..., M, L)) in chunks along L."""
-    step = max(1024, CHUNK // src.shape[-2])
+    step = max(1, CHUNK // src.shape[-2])
     return [(np.matmul, (mat, src[..., i:i + step]), out[..., i:i + step]) for i in range(0, src.shape[-1], step)]
 
 
