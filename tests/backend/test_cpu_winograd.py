@@ -36,6 +36,7 @@ CASES = [
     # More output channels than tiles: the output channels split over the threads, after one input transform.
     ((1, 16, 6, 6), 64, (1, 1, 1, 1), True, RELU),
     ((2, 8, 5, 7), 96, (0, 1, 2, 1), True, None),
+    ((1, 7, 5, 6), 40, (1, 1, 1, 1), True, RELU),  # ... and the input transform over uneven channel ranges
 ]
 
 

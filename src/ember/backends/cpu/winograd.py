@@ -152,14 +152,16 @@ def _phase_groups(m: int, pad: int, size: int, grid: int) -> list[tuple[int, int
 
 
 def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, dst: np.ndarray, buf: np.ndarray,
-          epilogue: Callable[..., Step | None], res: np.ndarray | None = None) -> tuple[Step, list[Step]]:
+          epilogue: Callable[..., Step | None], res: np.ndarray | None = None,
+          cparts: int = 1) -> tuple[list[Step], list[Step]]:
     """The steps of one conv over the scratch `buf` (float32 elements): xv (N, C, H, W), uv (alpha^2, K, C),
     bv (K,) or None, dst (N, K, P, Q); `epilogue(out, res)` makes the step computing out = act(out + res) in
     place (res: the same part of the residual `res` (N, K, P, Q), or None), or returns None where there is
     nothing to do.
 
-    Returns the input transform, then one task per range of output channels (lay.kranges: products, output
-    transform, bias and activation), which may run side by side once the input transform ran.
+    Returns the input transform as up to `cparts` tasks over ranges of input channels, then one task per range
+    of output channels (lay.kranges: products, output transform, bias and activation); the tasks of each list
+    may run side by side, the second list's once the first's all ran.
 
     Every numpy call here costs more than its work on small convs when two threads run them (each hands the
     GIL over: 5 calls of 50K elements on two threads took longer than on one), so the transforms are few
@@ -173,47 +175,63 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
 
     # 1. The padded input by phases: xq[cph, rph, c, n, gr, gc] = x[n, c, gr*m + rph - top, gc*m + cph - left],
     # in memory of this conv's own whose padding (and garbage grid positions) stay zero from here on. F(4,3)
-    # adds rows m, m+1: rows 0, 1 one grid column on (filled by a copy per run).
+    # adds rows m, m+1: rows 0, 1 one grid column on (filled by a copy per run). One more column lets the
+    # rows be read one element on as (rows, m, C*G) views.
     rows_x = a if m > 2 else m
-    xqe = np.zeros((rows_x, m * cg), np.float32)
-    xq = xqe[:m].reshape(m, m, c, n, hq, wq)
-    copies = []
-    for rph, nr, r0, r1 in _phase_groups(m, top, lay.h, hq):
-        for cph, nc, c0, c1 in _phase_groups(m, left, lay.w, wq):
-            if r1 <= r0 or c1 <= c0:
-                continue
-            sr, sc = r0 * m + rph - top, c0 * m + cph - left
-            # (c, n, rph in group, gr, cph in group, gc) on both sides: phases of a group are consecutive input
-            # rows (columns), one element apart.
-            d = xq[cph:cph + nc, rph:rph + nr, :, :, r0:r1, c0:c1].transpose(2, 3, 1, 4, 0, 5)
-            copies.append((d, _split_axes(xv[:, :, sr:, sc:], m, (nr, r1 - r0), (nc, c1 - c0))))
-    span = m * cg - 1
-    xqf = xqe[:m].reshape(m, m * cg)
+    xqe = np.zeros((rows_x, m * cg + 1), np.float32)
+    xq = xqe[:m, :m * cg].reshape(m, m, c, n, hq, wq)
+    x3 = xqe[:, :m * cg].reshape(rows_x, m, cg)  # [cph (or F(4,3)'s row), rph, C*G]
+    x3s = xqe[:, 1:].reshape(rows_x, m, cg)  # the same one grid column on
     cols = lay.take(buf, "cols", (a, rows_x, cg))
-    prog: Prog = []
-    fills = [_view(cols[:, :m], (a, m * cg))[:, span:]]  # the last (garbage) column: kept finite
     v = lay.take(buf, "v", (a * a, c, g))
     vr = v.reshape(a, a, cg)
-    rspan = cg - wq
-    fills.append(vr[:, :, rspan:])  # garbage tiles, but finite
-    if m > 2:
-        # 2. B^T along columns: tile column gc reads grid columns gc (phases 0..m-1) and gc + 1 (phases 0, 1):
-        # rows m, m+1 of xqe, so B^T is one product over the flat runs.
-        prog.append((np.copyto, (xqe[m:, :span], xqf[:2, 1:1 + span]), None))
-        prog += _product(bt, xqe[:, :span], _view(cols[:, :m], (a, m * cg))[:, :span])
-        # 3. B^T along rows the same way, one grid row (wq elements) apart, batched over nu; V[xi, nu] is written
-        # through a transposed view.
-        prog.append((np.copyto, (cols[:, m:, :rspan], cols[:, :2, wq:]), None))
-        prog += _product(bt, cols[:, :, :rspan], vr[:, :, :rspan].transpose(1, 0, 2))
-    else:
-        # F(2,3)'s B^T has two entries a row: four ufuncs an axis beat copying rows to make one product.
-        colsf = cols.reshape(a, m * cg)
-        prog += input_transform(m, [xqf[j % m, j // m: j // m + span] for j in range(a)],
-                                [r[:span] for r in colsf], [])
-        prog += input_transform(m, [cols[:, i % m, (i // m) * wq: (i // m) * wq + rspan] for i in range(a)],
-                                [vr[xi, :, :rspan] for xi in range(a)], [])
+    steps = []
+    # The channels split into `cparts` ranges, each transformed by its own step (for the pool's threads): the
+    # transforms never mix channels; tile runs end a grid position (row) short of a range's end, where they
+    # would read the next range's first column (row), and that garbage column (row) is zeroed instead.
+    for c0, c1 in _ranges(c, cparts):
+        copies = []
+        for rph, nr, r0, r1 in _phase_groups(m, top, lay.h, hq):
+            for cph, nc, g0, g1 in _phase_groups(m, left, lay.w, wq):
+                if r1 <= r0 or g1 <= g0:
+                    continue
+                sr, sc = r0 * m + rph - top, g0 * m + cph - left
+                # (c, n, rph in group, gr, cph in group, gc) on both sides: phases of a group are consecutive
+                # input rows (columns), one element apart.
+                d = xq[cph:cph + nc, rph:rph + nr, c0:c1, :, r0:r1, g0:g1].transpose(2, 3, 1, 4, 0, 5)
+                copies.append((d, _split_axes(xv[:, c0:c1, sr:, sc:], m, (nr, r1 - r0), (nc, g1 - g0))))
+        lo, hi = c0 * g, c1 * g
+        span, rspan = hi - lo - 1, hi - lo - wq
+        fills = [cols[:, :m, hi - 1:hi], vr[:, :, lo + rspan:hi]]  # garbage tiles, but finite
+        prog: Prog = []
+        if m > 2:
+            # 2. B^T along columns: tile column gc reads grid columns gc (phases 0..m-1) and gc + 1 (phases 0,
+            # 1): rows m, m+1 of xqe, so B^T is one product (batched over row phases).
+            prog.append((np.copyto, (x3[m:, :, lo:lo + span], x3s[:2, :, lo:lo + span]), None))
+            prog += _product(bt, x3[:, :, lo:lo + span].transpose(1, 0, 2),
+                             cols[:, :m, lo:lo + span].transpose(1, 0, 2))
+            # 3. B^T along rows the same way, one grid row (wq elements) apart, batched over nu; V[xi, nu] is
+            # written through a transposed view.
+            prog.append((np.copyto, (cols[:, m:, lo:lo + rspan], cols[:, :2, lo + wq:hi]), None))
+            prog += _product(bt, cols[:, :, lo:lo + rspan], vr[:, :, lo:lo + rspan].transpose(1, 0, 2))
+        else:
+            # F(2,3)'s B^T has two entries a row: four ufuncs an axis beat copying rows to make one product.
+            prog += input_transform(m, [(x3 if j < m else x3s)[j % m, :, lo:lo + span] for j in range(a)],
+                                    [r[:, lo:lo + span] for r in cols], [])
+            prog += input_transform(m, [cols[:, i % m, lo + (i // m) * wq: lo + (i // m) * wq + rspan]
+                                        for i in range(a)], [vr[xi, :, lo:lo + rspan] for xi in range(a)], [])
+        steps.append(_transform_step(copies, fills, prog))
 
-    def transform_in() -> None:
+    mm = lay.take(buf, "m", (a * a, k, g))
+    z = lay.take(buf, "z", (m, a, k * g))
+    y = lay.take(buf, "y", (m, m, k * g))
+    vc = v[:, :, :lay.cols]
+    return steps, [_output_task(lay, k0, k1, uv, vc, mm, z, y, at, dst, res, bv, epilogue)
+                   for k0, k1 in lay.kranges]
+
+
+def _transform_step(copies: list[tuple[np.ndarray, np.ndarray]], fills: list[np.ndarray], prog: Prog) -> Step:
+    def run() -> None:
         for d_, s_ in copies:
             np.copyto(d_, s_)
         for z_ in fills:
@@ -226,12 +244,7 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
             else:
                 fn(*args, out=out)
 
-    mm = lay.take(buf, "m", (a * a, k, g))
-    z = lay.take(buf, "z", (m, a, k * g))
-    y = lay.take(buf, "y", (m, m, k * g))
-    vc = v[:, :, :lay.cols]
-    return transform_in, [_output_task(lay, k0, k1, uv, vc, mm, z, y, at, dst, res, bv, epilogue)
-                          for k0, k1 in lay.kranges]
+    return run
 
 
 # Elements of a transform product's right-hand block per call: OpenBLAS runs these short products (K = alpha) 4-10x
