@@ -109,7 +109,7 @@ class Layout:
         self._place("v", a * a * cg)  # (alpha^2, C, G)
         self._place("m", a * a * kg)  # (alpha^2, K, G)
         self._place("z", m * a * kg, reuse="v" if len(self.kranges) == 1 else None)  # A^T along rows: (i, nu, K, G)
-        self._place("y", m * m * kg, reuse="cols")  # the output tiles: (i, j, K, N, Hq, Wq)
+        self._place("y", m * m * kg, reuse="cols")  # the output tiles: (i, j, K, N, Hq, Wq) (F(4,3): j last)
 
     def _place(self, name: str, size: int, reuse: str | None = None) -> None:
         if reuse is not None and size <= self._room(reuse):
@@ -288,22 +288,34 @@ def _output_task(lay: Layout, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, 
     if bv is not None:  # A^T[:, 1] = A[1, :] = 1: added to M[1, 1], the bias reaches the whole tile
         post.append((np.add, (mm[a + 1, k0:k1], bv[k0:k1].reshape(-1, 1)), mm[a + 1, k0:k1]))
     # 4. A^T M A as two batched products with the small A^T: along rows into z (i, nu, K*G), batched over nu
-    # (M[xi, nu] read, z written through transposed views), then along columns into y (i, j, K*G), batched
-    # over i; runs of this range of output channels.
+    # (M[xi, nu] read, z written through transposed views), then along columns into y (i, j, K*G; F(4,3):
+    # (i, K*G, j)), batched over i; runs of this range of output channels.
     mr = mm.reshape(a, a, -1)
     post += _product(at, mr[:, :, ks].transpose(1, 0, 2), z[:, :, ks].transpose(1, 0, 2))
-    post += _product(at, z[:, :, ks], y[:, :, ks])
-    # 5. The tiles into the output, then the residual and activation in place over this range of the output.
-    # Copies are the fastest strided pass numpy has: the activation (and residual) fused into these strided
-    # writes took 1.8x (3.3x) as long as the copies plus one contiguous pass (measured on a 64 x 28 x 56 band).
-    # One copy per tile position (i, j): numpy ran one 6-D copy 2-4x slower (it loops over j innermost).
-    y6 = y.reshape(m, m, lay.k, lay.n, lay.hq, lay.wq)
     out_t = dst.transpose(1, 0, 2, 3)
     scatter = []
-    for r in range(min(m, lay.p)):
-        for j in range(min(m, lay.q)):
-            d = out_t[k0:k1, :, r::m, j::m]
-            scatter.append((d, y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]]))
+    if m > 2:
+        # F(4,3): the columns' A^T product written transposed, y (i, K*G, j): a tile row's m outputs then lie
+        # next to each other, so each output row is one contiguous run of y (garbage tile column included),
+        # and the tiles go into the output in m copies of whole rows. 16 copies of every 4th element took 3x
+        # as long, more than the transposed product costs (measured: 108 -> 33 us, product 36 -> 44 us).
+        yt = y.reshape(m, lay.k * g, m)
+        zt = z[:, :, ks].transpose(0, 2, 1)
+        step = max(1, CHUNK // a)
+        post += [(np.matmul, (zt[:, i:i + step], at.T), yt[:, ks][:, i:i + step])
+                 for i in range(0, zt.shape[1], step)]
+        y5 = yt.reshape(m, lay.k, lay.n, lay.hq, lay.wq * m)
+        for r in range(min(m, lay.p)):
+            d = out_t[k0:k1, :, r::m, :]
+            scatter.append((d, y5[r, k0:k1, :, :d.shape[2], :d.shape[3]]))
+    else:
+        post += _product(at, z[:, :, ks], y[:, :, ks])
+        # One copy per tile position (i, j): numpy ran one 6-D copy 2-4x slower (it loops over j innermost).
+        y6 = y.reshape(m, m, lay.k, lay.n, lay.hq, lay.wq)
+        for r in range(min(m, lay.p)):
+            for j in range(min(m, lay.q)):
+                d = out_t[k0:k1, :, r::m, j::m]
+                scatter.append((d, y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]]))
     last = epilogue(dst[:, k0:k1], res[:, k0:k1] if res is not None else None)
 
     tail = mm[:, k0:k1, lay.cols:]  # tiles the products skip (an image's last grid row): kept finite
