@@ -1,21 +1,27 @@
 """Winograd F(m, 3) convolution on the cpu backend: the layouts and algorithm of ember.ops.winograd, in numpy.
 
 Per run, over all tiles at once:
-1. the input, padded, is copied into scratch split by row and column phase (row = g*m + phase), so that a
+1. the input is copied into a padded buffer of the conv's own (its padding zeros written once), split by row
+   and column phase (row = g*m + phase), one strided copy per group of phases with the same span, so that a
    tile's alpha = m + 2 rows (columns) are m phase planes plus two of them shifted by one grid row (column);
-2. B^T d B, separable: columns, then rows, each a few ufunc calls over flat contiguous runs of those planes
-   (Layout computes one extra grid row and column of garbage tiles so the runs need no edges), into V
-   (alpha^2, C, tiles);
+2. B^T d B, separable: columns, then rows, each over flat contiguous runs of those planes (Layout computes one
+   extra grid row and column of garbage tiles so the runs need no edges), into V (alpha^2, C, tiles): F(4,3)
+   as a batched product with the small B^T (after one copy of the two shifted planes), F(2,3) as four ufuncs;
 3. the alpha^2 BLAS products M[p] = U[p] @ V[p], one batched np.matmul;
 4. the bias, added once per tile (to M[1, 1], which A^T . A spreads over the whole output tile with weight 1);
-5. A^T M A, separable again, into a contiguous tile grid; then one pass scatters the tiles into the output,
-   adding the residual (where the runtime fused one) and applying the activation on the way.
+5. A^T M A, separable again, as two batched products with A^T into a contiguous tile grid; then copies move
+   the tiles into the output and one pass adds the residual (where the runtime fused one) and applies the
+   activation.
+
+The transforms are a few large numpy calls rather than one ufunc per matrix entry: with two threads running
+them, every call costs more than its work on convs this size (the GIL changes hands), and F(4,3) went from
+128 calls a conv to ~20 (1x64x56 on 2 threads: 1.43 -> 0.96 ms).
 
 `split` cuts the conv into parts for the pool's threads (images, bands of tile rows, or ranges of output
-channels after one shared input transform), each part a task that runs its own products with OpenBLAS held to
-one thread (backends/cpu/parallel.one_blas_thread). Every buffer is a view of the backend's shared scratch made
-at record time and the transforms are precompiled into lists of ufunc calls with their `out=` targets, so a
-run allocates nothing.
+channels after an input transform split over ranges of input channels), each part a task that runs its own
+products with OpenBLAS held to one thread (backends/cpu/parallel.one_blas_thread). Every buffer but the padded
+input is a view of the backend's shared scratch made at record time and the transforms are precompiled into
+lists of calls with their `out=` targets, so a run allocates nothing.
 """
 
 from __future__ import annotations
@@ -29,46 +35,16 @@ import numpy as np
 from ...ops import winograd
 
 Step = Callable[[], None]
-Prog = list[tuple[Any, tuple, np.ndarray]]  # (ufunc, args, out)
+Prog = list[tuple[Any, tuple, np.ndarray | None]]  # (ufunc or function, args, out= or None)
 
 
-def input_transform(m: int, d: list[np.ndarray], r: list[np.ndarray], tmp: list[np.ndarray]) -> Prog:
-    """Ufunc calls computing r = B^T d along one axis (d: alpha input rows, r: alpha outputs, tmp: 2 temporaries
-    of their shape; no r may alias a d)."""
-    add, sub, mul = np.add, np.subtract, np.multiply
+def input_transform(m: int, d: list[np.ndarray], r: list[np.ndarray]) -> Prog:
+    """Ufunc calls computing r = B^T d along one axis for F(2,3) (d: alpha input rows, r: alpha outputs; no r may
+    alias a d). F(4,3) runs its transforms as products instead (build)."""
+    add, sub = np.add, np.subtract
     if m == 2:  # B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]
         return [(sub, (d[0], d[2]), r[0]), (add, (d[1], d[2]), r[1]), (sub, (d[2], d[1]), r[2]),
                 (sub, (d[1], d[3]), r[3])]
-    if m == 4:
-        # r0 = 4d0 - 5d2 + d4            r3 = (d4 - d2) + 2(d3 - d1)     r5 = 4d1 - 5d3 + d5
-        # r1 = (d4 - 4d2) + (d3 - 4d1)   r4 = (d4 - d2) - 2(d3 - d1)
-        # r2 = (d4 - 4d2) - (d3 - 4d1)
-        a, b = tmp
-        four, two = np.float32(4), np.float32(2)
-        return [(mul, (d[2], four), a), (sub, (d[4], a), a), (mul, (d[1], four), b), (sub, (d[3], b), b),
-                (add, (a, b), r[1]), (sub, (a, b), r[2]),
-                (sub, (d[4], d[2]), a), (sub, (d[3], d[1]), b), (mul, (b, two), b),
-                (add, (a, b), r[3]), (sub, (a, b), r[4]),
-                (sub, (d[0], d[2]), r[0]), (mul, (r[0], four), r[0]), (add, (r[0], a), r[0]),
-                (sub, (d[1], d[3]), r[5]), (mul, (r[5], four), r[5]), (sub, (d[5], d[3]), a), (add, (r[5], a), r[5])]
-    raise ValueError(f"no cpu Winograd transforms for F({m}, 3)")
-
-
-def output_transform(m: int, s: list[np.ndarray], y: list[np.ndarray], tmp: list[np.ndarray]) -> Prog:
-    """Ufunc calls computing y = A^T s along one axis (s: alpha rows, y: m outputs, tmp: 4 temporaries)."""
-    add, sub, mul = np.add, np.subtract, np.multiply
-    if m == 2:  # A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]
-        return [(add, (s[0], s[1]), y[0]), (add, (y[0], s[2]), y[0]), (sub, (s[1], s[2]), y[1]),
-                (sub, (y[1], s[3]), y[1])]
-    if m == 4:
-        # a = s1 + s2, b = s1 - s2, c = s3 + s4, d = s3 - s4:
-        # y0 = s0 + a + c, y1 = b + 2d, y2 = a + 4c, y3 = b + 8d + s5
-        a, b, c, d = tmp
-        return [(add, (s[1], s[2]), a), (sub, (s[1], s[2]), b), (add, (s[3], s[4]), c), (sub, (s[3], s[4]), d),
-                (add, (s[0], a), y[0]), (add, (y[0], c), y[0]),
-                (mul, (c, np.float32(4)), c), (add, (a, c), y[2]),
-                (mul, (d, np.float32(2)), a), (add, (b, a), y[1]),
-                (mul, (d, np.float32(8)), d), (add, (b, d), y[3]), (add, (y[3], s[5]), y[3])]
     raise ValueError(f"no cpu Winograd transforms for F({m}, 3)")
 
 
@@ -217,9 +193,9 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
         else:
             # F(2,3)'s B^T has two entries a row: four ufuncs an axis beat copying rows to make one product.
             prog += input_transform(m, [(x3 if j < m else x3s)[j % m, :, lo:lo + span] for j in range(a)],
-                                    [r[:, lo:lo + span] for r in cols], [])
+                                    [r[:, lo:lo + span] for r in cols])
             prog += input_transform(m, [cols[:, i % m, lo + (i // m) * wq: lo + (i // m) * wq + rspan]
-                                        for i in range(a)], [vr[xi, :, lo:lo + rspan] for xi in range(a)], [])
+                                        for i in range(a)], [vr[xi, :, lo:lo + rspan] for xi in range(a)])
         steps.append(_transform_step(copies, fills, prog))
 
     mm = lay.take(buf, "m", (a * a, k, g))
@@ -316,6 +292,10 @@ def _output_task(lay: Layout, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, 
             for j in range(min(m, lay.q)):
                 d = out_t[k0:k1, :, r::m, j::m]
                 scatter.append((d, y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]]))
+    # 5. Then the residual and activation in one contiguous pass over this range of the output. Fused into
+    # the copies (act(y + residual) written row by row) ResNet-18 ran 3% slower: numpy's per-row loop overhead
+    # on those strided rows outweighs the pass saved; fused into strided (every m-th element) writes it took
+    # 1.8x (3.3x with the residual) as long as copies plus one pass (measured on a 64 x 28 x 56 band).
     last = epilogue(dst[:, k0:k1], res[:, k0:k1] if res is not None else None)
 
     tail = mm[:, k0:k1, lay.cols:]  # tiles the products skip (an image's last grid row): kept finite
