@@ -69,8 +69,6 @@ MATMULS = [
     ((1, 4, 512), (1, 512, 1000), (1000,), 0.5, 2.0, None),  # columns (an FC layer)
     ((1, 1, 2048), (1, 2048, 1000), (1, 1000), 1.0, 1.0, call("sigmoid", inp(0))),  # one row: columns
     ((3, 100, 64), (1, 64, 200), (3, 100, 200), 1.0, -1.0, None),  # b broadcast over the batch
-    # ResNet-18's classifier: 512K multiply-adds, under the split threshold, but a 2 MB weight to stream.
-    ((1, 1, 512), (1, 512, 1000), (1000,), 1.0, 1.0, None),
 ]
 
 

@@ -158,10 +158,7 @@ class CpuBackend(ComputeBackend):
 
             pool = parallel.blas_pool()
             m_, k_, n_ = av.shape[-2], av.shape[-1], bv.shape[-1]
-            # A small product with a large operand (a classifier's weight, read from memory once a run) splits
-            # too: each thread then streams part of it (ResNet-18's 512 x 1000 Gemm: 0.17 -> 0.09 ms a run).
-            small = dst.size // (m_ * n_) * m_ * n_ * k_ < _SPLIT_MACS and max(av.nbytes, bv.nbytes) < _SPLIT_BYTES
-            if pool is None or dst.size == 0 or small:
+            if pool is None or dst.size == 0 or dst.size // (m_ * n_) * m_ * n_ * k_ < _SPLIT_MACS:
                 return [direct(av, bv, cv, dst)]
             # Parts of the output over the pool's threads: batch, else the longer of rows and columns (a wide
             # product's threads then each read part of the weight).
@@ -628,7 +625,6 @@ def _chunks(total: int, parts: int) -> list[tuple[int, int]]:
 
 # Products smaller than this (multiply-adds) run whole on the calling thread: a hand-off to the pool costs more.
 _SPLIT_MACS = 1 << 20
-_SPLIT_BYTES = 1 << 20
 
 
 def _row_band(h: int, pad: int, st: int, extent: int, p0: int, p1: int) -> tuple[tuple[int, int], tuple[int, int]]:
