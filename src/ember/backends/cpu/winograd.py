@@ -227,8 +227,6 @@ def _transform_step(copies: list[tuple[np.ndarray, np.ndarray]], fills: list[np.
 # slower once that block outgrows the core's L2 cache (measured: (4 x 6) @ (6 x 57600) 0.92 ms as one call,
 # 0.25 ms in 22 calls), so longer runs go in chunks.
 CHUNK = 1 << 17
-# Transformed-filter bytes from which one image's conv splits by output channels rather than bands (split).
-KSPLIT_U_BYTES = 1 << 19
 
 
 def _product(mat: np.ndarray, src: np.ndarray, out: np.ndarray) -> Prog:
@@ -321,19 +319,17 @@ def split(xshape: tuple[int, ...], k: int, out_hw: tuple[int, int], pads: tuple[
           parts: int) -> list[Piece]:
     """The conv as up to `parts` independent Winograd convs over parts of the output, for the pool's threads:
     (x index, out index, Layout) each, the indices over (N, H) and (N, P). Where the transformed filter
-    outweighs the tiles (more output channels than tiles, or one image and KSPLIT_U_BYTES of it), one conv
-    whose output channels split instead (Layout.kranges), so that each thread reads its part of the filter
-    only. Else images split first; one image splits into bands of tile rows, each reading its input rows
-    (padding where they run out)."""
+    outweighs the tiles (more output channels than tiles), one conv whose output channels split instead
+    (Layout.kranges), so that each thread reads its part of the filter only. Else images split first; one
+    image splits into bands of tile rows, each reading its input rows (padding where they run out)."""
     n, c, h, w = xshape
     p, q = out_hw
     top, left, _, right = pads
     th, tw = winograd.tiles(p, q, m)
-    # One image with a transformed filter of 512 KB and more (ResNet-18's 64-channel F(4,3) convs): bands would
-    # each stream all of it; split by output channels instead (in the whole model 1.8-3% faster, measured A/B
-    # in one process, though 4% slower alone with the filter in cache).
-    big_u = n < parts and (m + 2) ** 2 * k * c * 4 >= KSPLIT_U_BYTES
-    if parts > 1 and (k > n * th * tw or big_u) and k >= 8 * parts:
+    # Bands over output channels for one image whose transformed filter is large (ResNet-18's 64-channel F(4,3)
+    # convs, 590 KB) were tried: 4% slower alone, and in the whole model within noise at best (the split
+    # has two parallel regions, the input transform's and the products', where bands have one).
+    if parts > 1 and k > n * th * tw and k >= 8 * parts:
         return [((slice(None), slice(None)), (slice(None), slice(None)), Layout(xshape, k, out_hw, pads, m, parts))]
     if n >= parts or th < 2:
         out = []
