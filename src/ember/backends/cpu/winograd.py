@@ -326,9 +326,9 @@ def split(xshape: tuple[int, ...], k: int, out_hw: tuple[int, int], pads: tuple[
     p, q = out_hw
     top, left, _, right = pads
     th, tw = winograd.tiles(p, q, m)
-    # Bands over output channels for one image whose transformed filter is large (ResNet-18's 64-channel F(4,3)
-    # convs, 590 KB) were tried: 4% slower alone, and in the whole model within noise at best (the split
-    # has two parallel regions, the input transform's and the products', where bands have one).
+    # Splitting one image by output channels where its transformed filter is large (ResNet-18's 64-channel
+    # F(4,3) convs, 590 KB) was tried: 4% slower alone, and in the whole model within noise at best (that
+    # split has two parallel regions, the input transform's and the products', where bands have one).
     if parts > 1 and k > n * th * tw and k >= 8 * parts:
         return [((slice(None), slice(None)), (slice(None), slice(None)), Layout(xshape, k, out_hw, pads, m, parts))]
     if n >= parts or th < 2:
