@@ -36,6 +36,7 @@ CASES = [
     # More output channels than tiles: the output channels split over the threads, after one input transform.
     ((1, 16, 6, 6), 64, (1, 1, 1, 1), True, RELU),
     ((2, 8, 5, 7), 96, (0, 1, 2, 1), True, None),
+    ((1, 7, 5, 6), 40, (1, 1, 1, 1), True, RELU),  # ... and the input transform over uneven channel ranges
 ]
 
 
@@ -72,6 +73,47 @@ def test_matches_reference_and_direct(m: int, xshape: tuple, k: int, pads: tuple
         got = download(be, ho, (n, k, p, q))
         assert rel_err(got, spec) <= TOL[m]
         assert rel_err(got, direct) <= TOL[m]
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize(("xshape", "k", "pads"), [
+    ((1, 6, 16, 16), 5, (1, 1, 1, 1)),  # sizes a multiple of m: phases group into one copy per group pair
+    ((2, 3, 13, 10), 4, (3, 0, 1, 2)),  # odd sizes, one pad wider than the filter's reach
+    ((1, 5, 9, 23), 3, (0, 2, 2, 0)),
+])
+def test_transform_products_in_chunks(m: int, xshape: tuple, k: int, pads: tuple, rng: np.random.Generator,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The B^T / A^T products split into many chunks along their runs give the same conv (chunk edges anywhere
+    in the runs: 8 to 12 elements each, against runs of hundreds)."""
+    from ember.backends.cpu import winograd as cpu_winograd
+
+    monkeypatch.setattr(cpu_winograd, "CHUNK", 50)
+    be = CpuBackend().init()
+    n, c, h, w = xshape
+    x = rng.standard_normal(xshape).astype(np.float32)
+    f = rng.standard_normal((k, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    p, q = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+    u = winograd.transform_weights(f, m)
+    steps, ho = _record(be, x, u, b, pads, m, RELU, (n, k, p, q))
+    spec = eval_numpy(RELU, [winograd.reference(x, u.astype(np.float64), pads, m, (p, q))
+                             + b.astype(np.float64).reshape(1, k, 1, 1)], np.float64)
+    for _ in range(2):
+        be.execute(steps)
+        assert rel_err(download(be, ho, (n, k, p, q)), spec) <= TOL[m]
+
+
+def test_phase_groups() -> None:
+    """Phases with the same span of grid positions group into one run (one strided copy each)."""
+    from ember.backends.cpu.winograd import _phase_groups, _phase_span
+
+    for m, pad, size, grid in [(4, 1, 56, 15), (2, 1, 56, 29), (4, 0, 13, 5), (4, 3, 9, 5), (2, 2, 1, 3)]:
+        groups = _phase_groups(m, pad, size, grid)
+        assert [ph for g0, count, _, _ in groups for ph in range(g0, g0 + count)] == list(range(m))
+        for g0, count, lo, hi in groups:
+            assert all(_phase_span(ph, m, pad, size, grid) == (lo, hi) for ph in range(g0, g0 + count))
+    # ResNet's 56x56, pads 1, F(4,3): phase 0 starts a grid position later (padding), 1-3 share a span.
+    assert [(g0, count) for g0, count, _, _ in _phase_groups(4, 1, 56, 15)] == [(0, 1), (1, 3)]
 
 
 def test_shared_scratch_between_convs(rng: np.random.Generator) -> None:
@@ -111,9 +153,13 @@ def test_cost_model() -> None:
     # float16 (native float16 models) runs the direct conv, as does any non-float32 dtype.
     assert be.winograd_tile(1, 64, 64, 56, 56, np.float16) is None
     assert be.winograd_tile(1, 64, 64, 56, 56, np.float64) is None
-    # ResNet-18's first stage at batch 1 and 8: Winograd wins on this machine's measurements.
+    # ResNet-18's first stage at batch 1 and 8: Winograd wins on this machine's measurements, F(4,3) up to 128
+    # channels where it has 40 tiles of its own; F(2,3) at 256 channels (its transformed filter stays smaller).
     for n in (1, 8):
-        assert be.winograd_tile(n, 64, 64, 56, 56, np.float32) in (2, 4)
+        assert be.winograd_tile(n, 64, 64, 56, 56, np.float32) == 4
+        assert be.winograd_tile(n, 128, 128, 28, 28, np.float32) == 4
+        assert be.winograd_tile(n, 256, 256, 14, 14, np.float32) == 2
+    assert be.winograd_tile(1, 128, 128, 14, 14, np.float32) == 2  # 16 tiles of 4x4: too few for F(4,3)
     # A handful of channels: the transforms cost more than the products save.
     assert be.winograd_tile(1, 3, 8, 32, 32, np.float32) is None
     # 7x7 at batch 1: too few tiles to spread the (larger) transformed filter over; at batch 8 enough.

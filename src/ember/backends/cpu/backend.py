@@ -371,11 +371,14 @@ class CpuBackend(ComputeBackend):
             for (xi, oi, lay), o0 in zip(pieces, offsets, strict=False):
                 o = dst[oi[0], :, oi[1]]
                 res = rv[oi[0], :, oi[1]] if rv is not None else None
-                first, outs = winograd.build(lay, xv[xi[0], :, xi[1]], uv, bv, o, f32[o0:o0 + lay.elems],
-                                             functools.partial(_epilogue, act), res)
-                if len(outs) > 1:  # output channels over the threads, after the one input transform
-                    return [first, functools.partial(pool.run, outs)]
-                tasks.append(_seq(first, *outs))
+                # Output channels split over the threads: the input transform splits by input channels first.
+                split_k = len(lay.kranges) > 1
+                firsts, outs = winograd.build(lay, xv[xi[0], :, xi[1]], uv, bv, o, f32[o0:o0 + lay.elems],
+                                              functools.partial(_epilogue, act), res,
+                                              pool.size if split_k and pool is not None else 1)
+                if split_k:
+                    return [functools.partial(pool.run, firsts), functools.partial(pool.run, outs)]
+                tasks.append(_seq(*firsts, *outs))
             return tasks if len(tasks) == 1 else [functools.partial(pool.run, tasks)]
 
         return [_scratch_step(scratch, build, keep)]

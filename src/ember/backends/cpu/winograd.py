@@ -1,21 +1,27 @@
 """Winograd F(m, 3) convolution on the cpu backend: the layouts and algorithm of ember.ops.winograd, in numpy.
 
 Per run, over all tiles at once:
-1. the input, padded, is copied into scratch split by row and column phase (row = g*m + phase), so that a
+1. the input is copied into a padded buffer of the conv's own (its padding zeros written once), split by row
+   and column phase (row = g*m + phase), one strided copy per group of phases with the same span, so that a
    tile's alpha = m + 2 rows (columns) are m phase planes plus two of them shifted by one grid row (column);
-2. B^T d B, separable: columns, then rows, each a few ufunc calls over flat contiguous runs of those planes
-   (Layout computes one extra grid row and column of garbage tiles so the runs need no edges), into V
-   (alpha^2, C, tiles);
+2. B^T d B, separable: columns, then rows, each over flat contiguous runs of those planes (Layout computes one
+   extra grid row and column of garbage tiles so the runs need no edges), into V (alpha^2, C, tiles): F(4,3)
+   as a batched product with the small B^T (after one copy of the two shifted planes), F(2,3) as four ufuncs;
 3. the alpha^2 BLAS products M[p] = U[p] @ V[p], one batched np.matmul;
 4. the bias, added once per tile (to M[1, 1], which A^T . A spreads over the whole output tile with weight 1);
-5. A^T M A, separable again, into a contiguous tile grid; then one pass scatters the tiles into the output,
-   adding the residual (where the runtime fused one) and applying the activation on the way.
+5. A^T M A, separable again, as two batched products with A^T into a contiguous tile grid; then copies move
+   the tiles into the output and one pass adds the residual (where the runtime fused one) and applies the
+   activation.
+
+The transforms are a few large numpy calls rather than one ufunc per matrix entry: with two threads running
+them, every call costs more than its work on convs this size (the GIL changes hands), and F(4,3) went from
+128 calls a conv to ~20 (1x64x56 on 2 threads: 1.43 -> 0.96 ms).
 
 `split` cuts the conv into parts for the pool's threads (images, bands of tile rows, or ranges of output
-channels after one shared input transform), each part a task that runs its own products with OpenBLAS held to
-one thread (backends/cpu/parallel.one_blas_thread). Every buffer is a view of the backend's shared scratch made
-at record time and the transforms are precompiled into lists of ufunc calls with their `out=` targets, so a
-run allocates nothing.
+channels after an input transform split over ranges of input channels), each part a task that runs its own
+products with OpenBLAS held to one thread (backends/cpu/parallel.one_blas_thread). Every buffer but the padded
+input is a view of the backend's shared scratch made at record time and the transforms are precompiled into
+lists of calls with their `out=` targets, so a run allocates nothing.
 """
 
 from __future__ import annotations
@@ -29,46 +35,16 @@ import numpy as np
 from ...ops import winograd
 
 Step = Callable[[], None]
-Prog = list[tuple[Any, tuple, np.ndarray]]  # (ufunc, args, out)
+Prog = list[tuple[Any, tuple, np.ndarray | None]]  # (ufunc or function, args, out= or None)
 
 
-def input_transform(m: int, d: list[np.ndarray], r: list[np.ndarray], tmp: list[np.ndarray]) -> Prog:
-    """Ufunc calls computing r = B^T d along one axis (d: alpha input rows, r: alpha outputs, tmp: 2 temporaries
-    of their shape; no r may alias a d)."""
-    add, sub, mul = np.add, np.subtract, np.multiply
+def input_transform(m: int, d: list[np.ndarray], r: list[np.ndarray]) -> Prog:
+    """Ufunc calls computing r = B^T d along one axis for F(2,3) (d: alpha input rows, r: alpha outputs; no r may
+    alias a d). F(4,3) runs its transforms as products instead (build)."""
+    add, sub = np.add, np.subtract
     if m == 2:  # B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]
         return [(sub, (d[0], d[2]), r[0]), (add, (d[1], d[2]), r[1]), (sub, (d[2], d[1]), r[2]),
                 (sub, (d[1], d[3]), r[3])]
-    if m == 4:
-        # r0 = 4d0 - 5d2 + d4            r3 = (d4 - d2) + 2(d3 - d1)     r5 = 4d1 - 5d3 + d5
-        # r1 = (d4 - 4d2) + (d3 - 4d1)   r4 = (d4 - d2) - 2(d3 - d1)
-        # r2 = (d4 - 4d2) - (d3 - 4d1)
-        a, b = tmp
-        four, two = np.float32(4), np.float32(2)
-        return [(mul, (d[2], four), a), (sub, (d[4], a), a), (mul, (d[1], four), b), (sub, (d[3], b), b),
-                (add, (a, b), r[1]), (sub, (a, b), r[2]),
-                (sub, (d[4], d[2]), a), (sub, (d[3], d[1]), b), (mul, (b, two), b),
-                (add, (a, b), r[3]), (sub, (a, b), r[4]),
-                (sub, (d[0], d[2]), r[0]), (mul, (r[0], four), r[0]), (add, (r[0], a), r[0]),
-                (sub, (d[1], d[3]), r[5]), (mul, (r[5], four), r[5]), (sub, (d[5], d[3]), a), (add, (r[5], a), r[5])]
-    raise ValueError(f"no cpu Winograd transforms for F({m}, 3)")
-
-
-def output_transform(m: int, s: list[np.ndarray], y: list[np.ndarray], tmp: list[np.ndarray]) -> Prog:
-    """Ufunc calls computing y = A^T s along one axis (s: alpha rows, y: m outputs, tmp: 4 temporaries)."""
-    add, sub, mul = np.add, np.subtract, np.multiply
-    if m == 2:  # A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]
-        return [(add, (s[0], s[1]), y[0]), (add, (y[0], s[2]), y[0]), (sub, (s[1], s[2]), y[1]),
-                (sub, (y[1], s[3]), y[1])]
-    if m == 4:
-        # a = s1 + s2, b = s1 - s2, c = s3 + s4, d = s3 - s4:
-        # y0 = s0 + a + c, y1 = b + 2d, y2 = a + 4c, y3 = b + 8d + s5
-        a, b, c, d = tmp
-        return [(add, (s[1], s[2]), a), (sub, (s[1], s[2]), b), (add, (s[3], s[4]), c), (sub, (s[3], s[4]), d),
-                (add, (s[0], a), y[0]), (add, (y[0], c), y[0]),
-                (mul, (c, np.float32(4)), c), (add, (a, c), y[2]),
-                (mul, (d, np.float32(2)), a), (add, (b, a), y[1]),
-                (mul, (d, np.float32(8)), d), (add, (b, d), y[3]), (add, (y[3], s[5]), y[3])]
     raise ValueError(f"no cpu Winograd transforms for F({m}, 3)")
 
 
@@ -77,7 +53,7 @@ class Layout:
 
     Tiles are computed over a grid of (tiles_h + 1) x (tiles_w + 1) per image, one more than the output needs:
     a tile's alpha = m + 2 rows span two rows of the input split by phase (row = g*m + phase), so with that
-    extra row and column every transform step is one ufunc over a flat, contiguous run (shifted by 0 or 1
+    extra row and column every transform step is one call over a flat, contiguous run (shifted by 0 or 1
     grid position), and the extra tiles (garbage, never read back) cost less than short strided loops would.
     """
 
@@ -100,18 +76,16 @@ class Layout:
         self.elems = 0
         # The output channels may be split into kparts ranges, each one task (products and output transform).
         self.kranges = _ranges(k, kparts)
-        kh = max(b - a_ for a_, b in self.kranges) * self.g
-        # xq and cols die once v is made; v once the products ran (all of them: z may reuse it only with one
-        # task); y reuses xq's space where it fits.
-        self._place("xq", m * m * cg)  # the padded input split by row and column phase (cph, rph, C, N, Hq, Wq)
-        self._place("cols", a * m * cg)  # B^T along columns: (nu, rph, C, N, Hq, Wq)
+        # The padded input split by phases (xq) is each conv's own, outside the scratch (build): its padding
+        # zeros are written once. cols dies once v is made, v once the products ran (all of them: z may reuse
+        # it only with one task); y reuses cols' space where it fits.
+        # cols: B^T along columns, (nu, row phase, C, N, Hq, Wq); with F(4,3) alpha row phases, the last two
+        # copies of the first two shifted by a grid row, so that B^T along rows is one batched product.
+        self._place("cols", a * (a if m > 2 else m) * cg)
         self._place("v", a * a * cg)  # (alpha^2, C, G)
         self._place("m", a * a * kg)  # (alpha^2, K, G)
         self._place("z", m * a * kg, reuse="v" if len(self.kranges) == 1 else None)  # A^T along rows: (i, nu, K, G)
-        self._place("y", m * m * kg, reuse="xq")  # the output tiles: (i, j, K, N, Hq, Wq)
-        self._place("tmp", 2 * max(m * cg, a * cg))  # the input transform's temporaries
-        for i in range(len(self.kranges)):  # each task's own for the output transform
-            self._place(f"tmp{i}", 4 * a * kh)
+        self._place("y", m * m * kg, reuse="cols")  # the output tiles: (i, j, K, N, Hq, Wq) (F(4,3): j last)
 
     def _place(self, name: str, size: int, reuse: str | None = None) -> None:
         if reuse is not None and size <= self._room(reuse):
@@ -122,7 +96,7 @@ class Layout:
         self.sizes[name] = size
 
     def _room(self, name: str) -> int:
-        """Elements from `name`'s offset to the next buffer placed after it (xq runs on into cols)."""
+        """Elements from `name`'s offset to the next buffer placed after it."""
         start = self.offsets[name]
         later = [o for o in self.offsets.values() if o > start]
         return (min(later) if later else self.elems) - start
@@ -140,111 +114,186 @@ def _phase_span(phase: int, m: int, pad: int, size: int, grid: int) -> tuple[int
     return lo, max(lo, hi)
 
 
+def _phase_groups(m: int, pad: int, size: int, grid: int) -> list[tuple[int, int, int, int]]:
+    """The phases 0..m-1 of one axis grouped by their span: (first phase, phases, lo, hi) per run of
+    consecutive phases with the same [lo, hi), so that one strided copy moves a whole group."""
+    out: list[tuple[int, int, int, int]] = []
+    for ph in range(m):
+        lo, hi = _phase_span(ph, m, pad, size, grid)
+        if out and out[-1][2:] == (lo, hi):
+            out[-1] = (out[-1][0], out[-1][1] + 1, lo, hi)
+        else:
+            out.append((ph, 1, lo, hi))
+    return out
+
+
 def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, dst: np.ndarray, buf: np.ndarray,
-          epilogue: Callable[..., Step | None], res: np.ndarray | None = None) -> tuple[Step, list[Step]]:
+          epilogue: Callable[..., Step | None], res: np.ndarray | None = None,
+          cparts: int = 1) -> tuple[list[Step], list[Step]]:
     """The steps of one conv over the scratch `buf` (float32 elements): xv (N, C, H, W), uv (alpha^2, K, C),
     bv (K,) or None, dst (N, K, P, Q); `epilogue(out, res)` makes the step computing out = act(out + res) in
     place (res: the same part of the residual `res` (N, K, P, Q), or None), or returns None where there is
     nothing to do.
 
-    Returns the input transform, then one task per range of output channels (lay.kranges: products, output
-    transform, bias and activation), which may run side by side once the input transform ran."""
+    Returns the input transform as up to `cparts` tasks over ranges of input channels, then one task per range
+    of output channels (lay.kranges: products, output transform, bias and activation); the tasks of each list
+    may run side by side, the second list's once the first's all ran.
+
+    Every numpy call here costs more than its work on small convs when two threads run them (each hands the
+    GIL over: 5 calls of 50K elements on two threads took longer than on one), so the transforms are few
+    large calls: grouped phase copies, and the transforms along an axis as one (batched) product with the
+    small B^T or A^T, not one ufunc per matrix entry (F(4,3): 128 calls a conv before, ~20 now)."""
     n, c, k, m, a = lay.n, lay.c, lay.k, lay.m, lay.a
     hq, wq, g = lay.hq, lay.wq, lay.g
     top, left = lay.pads[0], lay.pads[1]
-    cg, kg = c * g, k * g
+    cg = c * g
+    bt, _, at = (mat.astype(np.float32) for mat in winograd.float_matrices(m))
 
-    def temps(name: str, shape: tuple[int, ...], count: int) -> list[np.ndarray]:
-        flat = lay.take(buf, name, (lay.sizes[name],))
-        size, part = math.prod(shape), lay.sizes[name] // count
-        return [flat[i * part: i * part + size].reshape(shape) for i in range(count)]
-
-    # 1. The padded input by phases: xq[cph, rph, c, n, gr, gc] = x[n, c, gr*m + rph - top, gc*m + cph - left].
-    xq = lay.take(buf, "xq", (m, m, c, n, hq, wq))
-    src = xv.transpose(1, 0, 2, 3)
-    copies, zeros = [], []
-    for rph in range(m):
-        r0, r1 = _phase_span(rph, m, top, lay.h, hq)
-        for cph in range(m):
-            c0, c1 = _phase_span(cph, m, left, lay.w, wq)
-            plane = xq[cph, rph]
-            if r1 > r0 and c1 > c0:
-                sr, sc = r0 * m + rph - top, c0 * m + cph - left
-                copies.append((plane[:, :, r0:r1, c0:c1], src[:, :, sr:sr + (r1 - r0 - 1) * m + 1:m,
-                                                             sc:sc + (c1 - c0 - 1) * m + 1:m]))
-                strips = (plane[:, :, :r0], plane[:, :, r1:], plane[:, :, r0:r1, :c0], plane[:, :, r0:r1, c1:])
-            else:
-                strips = (plane,)
-            zeros += [z for z in strips if z.size]
-    # 2. B^T along columns: tile column gc reads grid columns gc (phases 0..m-1) and gc + 1 (phases 0, 1), so
-    # each input is the phase plane shifted by 0 or 1 element; the last element (a garbage column) stays unset.
-    xqf = xq.reshape(m, m * cg)
-    cols = lay.take(buf, "cols", (a, m * cg))
-    span = m * cg - 1
-    prog = input_transform(m, [xqf[j % m, j // m: j // m + span] for j in range(a)], [r[:span] for r in cols],
-                           temps("tmp", (span,), 2))
-    zeros.append(cols[:, span:])
-    # 3. B^T along rows, the same way one grid row (wq elements) apart.
-    colsr = cols.reshape(a, m, cg)
+    # 1. The padded input by phases: xq[cph, rph, c, n, gr, gc] = x[n, c, gr*m + rph - top, gc*m + cph - left],
+    # in memory of this conv's own whose padding (and garbage grid positions) stay zero from here on. F(4,3)
+    # adds rows m, m+1: rows 0, 1 one grid column on (filled by a copy per run). One more column lets the
+    # rows be read one element on as (rows, m, C*G) views.
+    rows_x = a if m > 2 else m
+    xqe = np.zeros((rows_x, m * cg + 1), np.float32)
+    xq = xqe[:m, :m * cg].reshape(m, m, c, n, hq, wq)
+    x3 = xqe[:, :m * cg].reshape(rows_x, m, cg)  # [cph (or F(4,3)'s row), rph, C*G]
+    x3s = xqe[:, 1:].reshape(rows_x, m, cg)  # the same one grid column on
+    cols = lay.take(buf, "cols", (a, rows_x, cg))
     v = lay.take(buf, "v", (a * a, c, g))
     vr = v.reshape(a, a, cg)
-    span = cg - wq
-    prog += input_transform(m, [colsr[:, i % m, (i // m) * wq: (i // m) * wq + span] for i in range(a)],
-                            [vr[xi, :, :span] for xi in range(a)], temps("tmp", (a, span), 2))
-    zeros.append(vr[:, :, span:])  # garbage tiles, but finite
+    steps = []
+    # The channels split into `cparts` ranges, each transformed by its own step (for the pool's threads): the
+    # transforms never mix channels; tile runs end a grid position (row) short of a range's end, where they
+    # would read the next range's first column (row), and that garbage column (row) is zeroed instead.
+    for c0, c1 in _ranges(c, cparts):
+        copies = []
+        for rph, nr, r0, r1 in _phase_groups(m, top, lay.h, hq):
+            for cph, nc, g0, g1 in _phase_groups(m, left, lay.w, wq):
+                if r1 <= r0 or g1 <= g0:
+                    continue
+                sr, sc = r0 * m + rph - top, g0 * m + cph - left
+                # (c, n, rph in group, gr, cph in group, gc) on both sides: phases of a group are consecutive
+                # input rows (columns), one element apart.
+                d = xq[cph:cph + nc, rph:rph + nr, c0:c1, :, r0:r1, g0:g1].transpose(2, 3, 1, 4, 0, 5)
+                copies.append((d, _split_axes(xv[:, c0:c1, sr:, sc:], m, (nr, r1 - r0), (nc, g1 - g0))))
+        lo, hi = c0 * g, c1 * g
+        span, rspan = hi - lo - 1, hi - lo - wq
+        fills = [cols[:, :m, hi - 1:hi], vr[:, :, lo + rspan:hi]]  # garbage tiles, but finite
+        prog: Prog = []
+        if m > 2:
+            # 2. B^T along columns: tile column gc reads grid columns gc (phases 0..m-1) and gc + 1 (phases 0,
+            # 1): rows m, m+1 of xqe, so B^T is one product (batched over row phases).
+            prog.append((np.copyto, (x3[m:, :, lo:lo + span], x3s[:2, :, lo:lo + span]), None))
+            prog += _product(bt, x3[:, :, lo:lo + span].transpose(1, 0, 2),
+                             cols[:, :m, lo:lo + span].transpose(1, 0, 2))
+            # 3. B^T along rows the same way, one grid row (wq elements) apart, batched over nu; V[xi, nu] is
+            # written through a transposed view.
+            prog.append((np.copyto, (cols[:, m:, lo:lo + rspan], cols[:, :2, lo + wq:hi]), None))
+            prog += _product(bt, cols[:, :, lo:lo + rspan], vr[:, :, lo:lo + rspan].transpose(1, 0, 2))
+        else:
+            # F(2,3)'s B^T has two entries a row: four ufuncs an axis beat copying rows to make one product.
+            prog += input_transform(m, [(x3 if j < m else x3s)[j % m, :, lo:lo + span] for j in range(a)],
+                                    [r[:, lo:lo + span] for r in cols])
+            prog += input_transform(m, [cols[:, i % m, lo + (i // m) * wq: lo + (i // m) * wq + rspan]
+                                        for i in range(a)], [vr[xi, :, lo:lo + rspan] for xi in range(a)])
+        steps.append(_transform_step(copies, fills, prog))
 
-    def transform_in() -> None:
-        for z_ in zeros:
-            z_.fill(0)
+    mm = lay.take(buf, "m", (a * a, k, g))
+    z = lay.take(buf, "z", (m, a, k * g))
+    y = lay.take(buf, "y", (m, m, k * g))
+    vc = v[:, :, :lay.cols]
+    return steps, [_output_task(lay, k0, k1, uv, vc, mm, z, y, at, dst, res, bv, epilogue)
+                   for k0, k1 in lay.kranges]
+
+
+def _transform_step(copies: list[tuple[np.ndarray, np.ndarray]], fills: list[np.ndarray], prog: Prog) -> Step:
+    def run() -> None:
         for d_, s_ in copies:
             np.copyto(d_, s_)
+        for z_ in fills:
+            z_.fill(0)
         # No np.errstate around the arithmetic: it cost 20 us a task with two threads running (measured), and
         # the tiles are finite unless the input is not (then numpy warns, as the direct conv's product does).
         for fn, args, out in prog:
-            fn(*args, out=out)
+            if out is None:
+                fn(*args)
+            else:
+                fn(*args, out=out)
 
-    mm = lay.take(buf, "m", (a * a, k, g))
-    mr = mm.reshape(a, a, kg)
-    z = lay.take(buf, "z", (m, a, kg))
-    y = lay.take(buf, "y", (m, m, kg))
-    y6 = y.reshape(m, m, k, n, hq, wq)
-    vc = v[:, :, :lay.cols]
-    return transform_in, [_output_task(lay, i, k0, k1, uv, vc, mm, mr, z, y6, dst, res, bv, buf, epilogue)
-                          for i, (k0, k1) in enumerate(lay.kranges)]
+    return run
 
 
-def _output_task(lay: Layout, i: int, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, mm: np.ndarray,
-                 mr: np.ndarray, z: np.ndarray, y6: np.ndarray, dst: np.ndarray, res: np.ndarray | None,
-                 bv: np.ndarray | None, buf: np.ndarray, epilogue: Callable[..., Step | None]) -> Step:
+# Elements of a transform product's right-hand block per call: OpenBLAS runs these short products (K = alpha) 4-10x
+# slower once that block outgrows the core's L2 cache (measured: (4 x 6) @ (6 x 57600) 0.92 ms as one call,
+# 0.25 ms in 22 calls), so longer runs go in chunks.
+CHUNK = 1 << 17
+
+
+def _product(mat: np.ndarray, src: np.ndarray, out: np.ndarray) -> Prog:
+    """np.matmul(mat, src, out=out) (src and out: (..., K, L) and (..., M, L)) in chunks along L."""
+    step = max(1, CHUNK // src.shape[-2])
+    return [(np.matmul, (mat, src[..., i:i + step]), out[..., i:i + step]) for i in range(0, src.shape[-1], step)]
+
+
+def _split_axes(x: np.ndarray, m: int, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+    """x (N, C, H, W) -> (C, N, phases, grid rows, phases, grid cols) with row = grid row * m + phase (rows,
+    cols: phases and grid positions): a strided view."""
+    sn, sc, sh, sw = x.strides
+    assert (rows[1] - 1) * m + rows[0] <= x.shape[2] and (cols[1] - 1) * m + cols[0] <= x.shape[3]
+    return np.lib.stride_tricks.as_strided(x, (x.shape[1], x.shape[0], rows[0], rows[1], cols[0], cols[1]),
+                                           (sc, sn, sh, m * sh, sw, m * sw), writeable=False)
+
+
+def _view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """x reshaped, which must not copy (a copy would take the writes meant for x)."""
+    v = x.reshape(shape)
+    assert np.shares_memory(v, x)
+    return v
+
+
+def _output_task(lay: Layout, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, mm: np.ndarray, z: np.ndarray,
+                 y: np.ndarray, at: np.ndarray, dst: np.ndarray, res: np.ndarray | None, bv: np.ndarray | None,
+                 epilogue: Callable[..., Step | None]) -> Step:
     """Output channels [k0, k1): their products, A^T M A, bias, the tiles into the output, the activation."""
     m, a, g = lay.m, lay.a, lay.g
     ks = slice(k0 * g, k1 * g)
-    span = (k1 - k0) * g
-    flat = lay.take(buf, f"tmp{i}", (lay.sizes[f"tmp{i}"],))
-    part = lay.sizes[f"tmp{i}"] // 4
-
-    def temps(shape: tuple[int, ...]) -> list[np.ndarray]:
-        return [flat[j * part: j * part + math.prod(shape)].reshape(shape) for j in range(4)]
-
     uk, mk = uv[:, k0:k1], mm[:, k0:k1, :lay.cols]
     post: Prog = []
     if bv is not None:  # A^T[:, 1] = A[1, :] = 1: added to M[1, 1], the bias reaches the whole tile
         post.append((np.add, (mm[a + 1, k0:k1], bv[k0:k1].reshape(-1, 1)), mm[a + 1, k0:k1]))
-    # 4. A^T M A: rows into z (i, nu, K*G), then columns into y (i, j, K*G); contiguous runs of this range.
-    post += output_transform(m, [mr[xi][:, ks] for xi in range(a)], [z[r][:, ks] for r in range(m)],
-                             temps((a, span)))
-    post += output_transform(m, [z[:, nu, ks] for nu in range(a)], [y6.reshape(m, m, -1)[:, j, ks] for j in range(m)],
-                             temps((m, span)))
-    # 5. The tiles into the output: y[i, j, k, n, gr, gc] -> out[n, k, gr*m + i, gc*m + j]; then the residual
-    # and activation in place over this range of the output. Copies are the fastest strided pass numpy has:
-    # the activation (and residual) fused into these strided writes took 1.8x (3.3x) as long as the copies
-    # plus one contiguous pass (measured on a 64 x 28 x 56 band).
+    # 4. A^T M A as two batched products with the small A^T: along rows into z (i, nu, K*G), batched over nu
+    # (M[xi, nu] read, z written through transposed views), then along columns into y (i, j, K*G; F(4,3):
+    # (i, K*G, j)), batched over i; runs of this range of output channels.
+    mr = mm.reshape(a, a, -1)
+    post += _product(at, mr[:, :, ks].transpose(1, 0, 2), z[:, :, ks].transpose(1, 0, 2))
     out_t = dst.transpose(1, 0, 2, 3)
     scatter = []
-    for r in range(min(m, lay.p)):
-        for j in range(min(m, lay.q)):
-            d = out_t[k0:k1, :, r::m, j::m]
-            scatter.append((d, y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]]))
+    if m > 2:
+        # F(4,3): the columns' A^T product written transposed, y (i, K*G, j): a tile row's m outputs then lie
+        # next to each other, so each output row is one contiguous run of y (garbage tile column included),
+        # and the tiles go into the output in m copies of whole rows. 16 copies of every 4th element took 3x
+        # as long, more than the transposed product costs (measured: 108 -> 33 us, product 36 -> 44 us).
+        yt = y.reshape(m, lay.k * g, m)
+        zt = z[:, :, ks].transpose(0, 2, 1)
+        step = max(1, CHUNK // a)
+        post += [(np.matmul, (zt[:, i:i + step], at.T), yt[:, ks][:, i:i + step])
+                 for i in range(0, zt.shape[1], step)]
+        y5 = yt.reshape(m, lay.k, lay.n, lay.hq, lay.wq * m)
+        for r in range(min(m, lay.p)):
+            d = out_t[k0:k1, :, r::m, :]
+            scatter.append((d, y5[r, k0:k1, :, :d.shape[2], :d.shape[3]]))
+    else:
+        post += _product(at, z[:, :, ks], y[:, :, ks])
+        # One copy per tile position (i, j): numpy ran one 6-D copy 2-4x slower (it loops over j innermost).
+        y6 = y.reshape(m, m, lay.k, lay.n, lay.hq, lay.wq)
+        for r in range(min(m, lay.p)):
+            for j in range(min(m, lay.q)):
+                d = out_t[k0:k1, :, r::m, j::m]
+                scatter.append((d, y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]]))
+    # 5. Then the residual and activation in one contiguous pass over this range of the output. Fused into
+    # the copies (act(y + residual) written row by row) ResNet-18 ran 3% slower: numpy's per-row loop overhead
+    # on those strided rows outweighs the pass saved; fused into strided (every m-th element) writes it took
+    # 1.8x (3.3x with the residual) as long as copies plus one pass (measured on a 64 x 28 x 56 band).
     last = epilogue(dst[:, k0:k1], res[:, k0:k1] if res is not None else None)
 
     tail = mm[:, k0:k1, lay.cols:]  # tiles the products skip (an image's last grid row): kept finite
@@ -277,6 +326,9 @@ def split(xshape: tuple[int, ...], k: int, out_hw: tuple[int, int], pads: tuple[
     p, q = out_hw
     top, left, _, right = pads
     th, tw = winograd.tiles(p, q, m)
+    # Splitting one image by output channels where its transformed filter is large (ResNet-18's 64-channel
+    # F(4,3) convs, 590 KB) was tried: 4% slower alone, and in the whole model within noise at best (that
+    # split has two parallel regions, the input transform's and the products', where bands have one).
     if parts > 1 and k > n * th * tw and k >= 8 * parts:
         return [((slice(None), slice(None)), (slice(None), slice(None)), Layout(xshape, k, out_hw, pads, m, parts))]
     if n >= parts or th < 2:
@@ -321,11 +373,25 @@ def choose(n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
 
     The transforms cost per tile and channel, the products save per tile and channel pair: Winograd needs
     channels (32 and up) and enough tiles to spread its transformed filter over (16/9 the weight's bytes for
-    F(2,3), read per run): 16 tiles (7x7 at batch 1) are too few, 49 (14x14) enough. F(4,3) is never clearly
-    ahead (1% at batch 8 on 56x56 and 28x28, well behind elsewhere: 36 short products, 4x the weight's
-    bytes) and rounds more, so F(2,3) is the only default; EMBER_WINOGRAD=4 still runs it.
+    F(2,3), read per run): 16 tiles (7x7 at batch 1) are too few, 49 (14x14) enough.
+
+    Since the transforms became a few large calls (products with B^T and A^T; 2026-11-30, 2 threads, same
+    bench, p20 of 15, ms):
+
+        N x C x S     direct  F(2,3)  F(4,3)       N x C x S    direct  F(2,3)  F(4,3)
+        1 x  64 x 56    1.55    1.08    0.98       8 x  64 x 56  15.36   11.00    8.76
+        1 x 128 x 28    1.48    1.15    1.08       8 x 128 x 28  12.33    7.84    6.74
+        1 x  32 x 56    0.92    0.61    0.58       8 x 256 x 14  11.93    7.65    9.77
+
+    F(4,3) (4x fewer multiply-adds than direct, 2.25x for F(2,3)) wins where its own tiles are enough and its
+    transformed filter (36/9 the weight's bytes) stays small, up to 128 x 128 channels (2.4 MB). It rounds more:
+    max |error| / max |out| against a float64 direct conv 5.7e-6 (64 x 56), 9.3e-6 (128 x 28), against 4e-7 to
+    6e-7 for F(2,3); ResNet-18's output then differs from ONNX Runtime's by 7e-7 of its maximum (4.8e-7 before).
     """
     if np.dtype(dtype) != np.float32 or min(c, k) < 32:
         return None
+    th, tw = winograd.tiles(p, q, 4)
+    if n * th * tw >= 40 and c * k <= 128 * 128:
+        return 4
     th, tw = winograd.tiles(p, q, 2)
     return 2 if n * th * tw >= 40 else None
