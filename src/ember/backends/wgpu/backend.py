@@ -30,10 +30,29 @@ WORKGROUPS_PER_DIM = 65535
 
 FORCE_WRAPPER_ENCODE = os.environ.get("EMBER_WGPU_PY_ENCODE", "") not in ("", "0")
 PROFILE_WARMUP_S = 0.05  # see profile()
-# Kernels' transient buffers shared per role (WgpuBackend.scratch); 0 gives every kernel its own. Sharing cost
-# ResNet-18 batch 8 3 % of its GPU time on the H200 (0.966 against 0.938 ms, A/B in one lease; two buffers per
-# role taken in turn: 0.963, so not the write-after-read waits) for 35 MB of scratch instead of ~200 MB.
+# Kernels' transient buffers (WgpuBackend.scratch): each kernel gets its own while the backend's private scratch
+# stays within SCRATCH_PRIVATE_BYTES, beyond that one buffer per role is shared. Sharing cost ResNet-18 batch 8
+# 2.7-3 % of its GPU time on the H200 (0.923-0.927 against 0.900 ms, 2026-11-30; 0.966 against 0.938 the session
+# before; two buffers per role taken in turn: 0.963, so not the write-after-read waits; the cause is unknown),
+# for 35 MB of scratch instead of ~200 MB. EMBER_SHARED_SCRATCH=0: never share; EMBER_SCRATCH_PRIVATE_MB: the
+# budget (0: always share).
 SHARED_SCRATCH = os.environ.get("EMBER_SHARED_SCRATCH", "1") not in ("", "0")
+
+
+def _env_mib(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default << 20
+    try:
+        mib = int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number of MiB, got {text!r}") from None
+    if mib < 0:
+        raise ValueError(f"{name} must be >= 0, got {text!r}")
+    return mib << 20
+
+
+SCRATCH_PRIVATE_BYTES = _env_mib("EMBER_SCRATCH_PRIVATE_MB", 256)
 PROFILE_REPS = 3
 # gpu_time keeps stamping runs for at least this long and reports the fastest: an H200 idle for a few seconds
 # (say while a model compiles) read ResNet-18 batch 8 at 7.6 ms for ~0.5 s of stamped runs, then 1.5 ms.
@@ -165,6 +184,7 @@ class WgpuBackend(ComputeBackend):
         self.pipelines_created = 0
         self.dispatches = 0
         self._scratch: dict[str, weakref.ref] = {}
+        self._private_scratch: weakref.WeakSet = weakref.WeakSet()
 
     # ---- life cycle -------------------------------------------------------------------------------
     def _init_device(self) -> None:
@@ -232,17 +252,24 @@ class WgpuBackend(ComputeBackend):
 
     def scratch(self, role: str, nbytes: int) -> Any:
         """A storage buffer of at least `nbytes` for a kernel sequence's transient data (split-K partial sums,
-        Winograd's transformed tiles), shared by every sequence recorded for `role`: each writes it before
-        reading it within one command buffer, and the queue runs command buffers one at a time, so sequences
-        never see each other's data. ResNet-18 batch 8's 13 Winograd convs had a V and an M each (~200 MB); shared,
-        the plan holds 3 scratch buffers of 35 MB (lavapipe's plan). The recorded steps hold the buffer
-        (Dispatch.keep); when none does, it is freed (a weak reference here)."""
-        ref = self._scratch.get(role) if SHARED_SCRATCH else None
+        Winograd's transformed tiles). The sequence's own while the private scratch alive stays within
+        SCRATCH_PRIVATE_BYTES (sharing costs a few % of GPU time, see there); past it, shared by every sequence
+        recorded for `role`: each writes it before reading it within one command buffer, and the queue runs
+        command buffers one at a time, so sequences never see each other's data. ResNet-18 batch 8's 13 Winograd
+        convs have a V and an M each (~200 MB); shared, 3 scratch buffers of 35 MB (lavapipe's plan). The
+        recorded steps hold the buffer (Dispatch.keep); when none does, it is freed (weak references here)."""
+        size = -(-max(nbytes, 16) // BUFFER_ALIGN) * BUFFER_ALIGN
+        private = not SHARED_SCRATCH or sum(b.size for b in self._private_scratch) + size <= SCRATCH_PRIVATE_BYTES
+        if private:
+            buf = self.device.create_buffer(size=size, usage=wgpu.BufferUsage.STORAGE, label=f"scratch: {role}")
+            self._private_scratch.add(buf)
+            return buf
+        ref = self._scratch.get(role)
         buf = ref() if ref is not None else None
         if buf is None or buf.size < nbytes:
             # A bigger request gets a new buffer; steps recorded earlier keep the smaller one alive.
-            buf = self.device.create_buffer(size=-(-max(nbytes, 16) // BUFFER_ALIGN) * BUFFER_ALIGN,
-                                            usage=wgpu.BufferUsage.STORAGE, label=f"scratch: {role}")
+            buf = self.device.create_buffer(size=size, usage=wgpu.BufferUsage.STORAGE,
+                                            label=f"scratch (shared): {role}")
             self._scratch[role] = weakref.ref(buf)
         return buf
 
