@@ -179,60 +179,6 @@ def test_conv_weight_heavy(be: ember.ComputeBackend, rng: np.random.Generator, x
     run_conv(be, rng, xshape, k, rs, stride, pads, dilation, bias=False)
 
 
-@pytest.mark.parametrize("force", ["1", ""])
-@pytest.mark.parametrize("xshape,k,rs,stride,pads,dilation,act", [
-    ((2, 16, 9, 11), 24, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), RELU),    # the default's case: 3x3 stride 2
-    ((1, 20, 10, 7), 12, (3, 3), (2, 1), (0, 1, 2, 0), (2, 1), CLIP),    # asymmetric pads, dilation
-    ((1, 5, 8, 8), 7, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), None),       # forced only: stride 1, few channels
-    ((3, 17, 6, 5), 9, (2, 4), (3, 2), (1, 0, 0, 2), (1, 1), SILU),      # N*P*Q not a multiple of 4
-])
-def test_conv_explicit_im2col(wgpu_be: ember.ComputeBackend, rng: np.random.Generator,
-                              monkeypatch: pytest.MonkeyPatch, force, xshape, k, rs, stride, pads, dilation,
-                              act) -> None:
-    """wgpu's explicit im2col route (columns gathered by a kernel, then the GEMM with vec4 loads): forced on
-    every shape, and by default where the rule takes it (strided spatial filters, >= 16 channels)."""
-    from ember.backends.wgpu import conv
-
-    monkeypatch.setattr(conv, "EXPLICIT_IM2COL", force)
-    labels = []
-    real = wgpu_be.dispatch
-
-    def spy(pipeline, buffers, grid, label=""):
-        labels.append(label)
-        return real(pipeline, buffers, grid, label)
-
-    monkeypatch.setattr(wgpu_be, "dispatch", spy)
-    run_conv(wgpu_be, rng, xshape, k, rs, stride, pads, dilation, act=act)
-    run_conv(wgpu_be, rng, xshape, k, rs, stride, pads, dilation, bias=False)
-    taken = force == "1" or (stride != (1, 1) and xshape[1] >= conv.EXPLICIT_IM2COL_MIN_C)
-    assert ("conv_im2col" in labels) == taken, labels
-
-
-def test_conv_explicit_im2col_residual(wgpu_be: ember.ComputeBackend, rng: np.random.Generator,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The explicit im2col route's GEMM epilogue adds a residual before the activation, as the implicit one."""
-    from ember.backends.wgpu import conv
-
-    monkeypatch.setattr(conv, "EXPLICIT_IM2COL", "1")
-    be = wgpu_be
-    x = rng.standard_normal((2, 16, 9, 9)).astype(np.float32)
-    f = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
-    b = rng.standard_normal(8).astype(np.float32)
-    res = rng.standard_normal((2, 8, 5, 5)).astype(np.float32)
-    hx, hf, hb, hr, ho = upload(be, x), upload(be, f), upload(be, b), upload(be, res), poisoned(be, res.size)
-    try:
-        steps = be.record_conv(View.contiguous(hx, F32, x.shape), View.contiguous(hf, F32, f.shape),
-                               View.contiguous(hb, F32, (8,)), View.contiguous(ho, F32, res.shape), (2, 2),
-                               (1, 1, 1, 1), (1, 1), 1, RELU, residual=View.contiguous(hr, F32, res.shape))
-        be.execute(steps)
-        got = download(be, ho, res.shape)
-    finally:
-        for hh in (hx, hf, hb, hr, ho):
-            be.free(hh)
-    ref = np.maximum(conv_ref(x, f, b, (2, 2), (1, 1, 1, 1)) + res, 0.0)
-    assert rel_err(got, ref) <= TOL
-
-
 # ---- the error contract ----------------------------------------------------------------------------------------
 def test_conv2d_errors(be: ember.ComputeBackend) -> None:
     hx, hf, ho = be.alloc(4 * 2 * 3 * 5 * 5), be.alloc(4 * 4 * 3 * 3 * 3), be.alloc(4 * 2 * 4 * 5 * 5)

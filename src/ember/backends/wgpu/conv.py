@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 from ..base import View
@@ -202,8 +201,6 @@ def record_conv(be: WgpuBackend, x: View, w: View, bias: View | None, out: View,
         return record_matmul(be, a, b, o, alpha=1.0, bias=bv, beta=1.0, act=act, residual=res3)
     if cs.cg == 1 and groups == cs.c:
         return _record_depthwise(be, cs, x, w, bias, out, act, types, res3)
-    if explicit_im2col(be, cs):
-        return _record_explicit_im2col(be, cs, x, w, bias, out, act, types, res3)
     return _record_implicit_gemm(be, cs, x, w, bias, out, act, types, res3)
 
 
@@ -246,74 +243,6 @@ def _record_implicit_gemm(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias
              f"{cs.p}x{cs.q}", "Z = group; M = output channels per group; N = batch*P*Q; K = Cg*R*S"]
     return mm.record_gemm_kernel(be, "conv_igemm", m, ncols, kk, cs.groups, out.handle, make_a, make_b,
                                  make_epilogue, notes, types=types)
-
-
-# Strided convs with a spatial filter (ResNet's 3x3 stride-2 convs) gather their B operand with stride-2 scalar
-# loads, per K tile, inside the GEMM: on an H200 the implicit GEMM ran them at ~20 TFLOP/s where the plain GEMM
-# reaches 40. There a gather kernel writes the columns once (coalesced) and the GEMM reads them with vec4 loads.
-# Not the stem-like convs with few input channels (K = C*R*S short; columns many times the input's bytes).
-# EMBER_EXPLICIT_IM2COL=0|1 forces the choice either way (for A/B).
-EXPLICIT_IM2COL = os.environ.get("EMBER_EXPLICIT_IM2COL", "").strip()
-EXPLICIT_IM2COL_MIN_C = 16
-IM2COL_WORKGROUP = 256
-
-
-def explicit_im2col(be: WgpuBackend, cs: ConvShape) -> bool:
-    """Whether a conv's B operand is gathered into a column buffer first (see EXPLICIT_IM2COL)."""
-    if cs.groups != 1 or EXPLICIT_IM2COL == "0":
-        return False
-    if 4 * cs.c * cs.r * cs.s * _round4(cs.n * cs.p * cs.q) > be.max_binding:
-        return False
-    if EXPLICIT_IM2COL not in ("", "0"):
-        return True
-    return (cs.sh, cs.sw) != (1, 1) and cs.r * cs.s > 1 and cs.c >= EXPLICIT_IM2COL_MIN_C
-
-
-def _round4(v: int) -> int:
-    return -(-v // 4) * 4
-
-
-def _record_explicit_im2col(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: View | None, out: View,
-                            act: Expr | None, types: dict[int, str], res3: View | None) -> list:
-    """The columns (K = C*R*S rows of N = batch*P*Q, rows NCP apart) into a scratch buffer, then the GEMM
-    W (Kout x K) @ cols with the conv epilogue."""
-    m, ncols, kk = cs.k, cs.n * cs.p * cs.q, cs.c * cs.r * cs.s
-    ncp = _round4(ncols)
-    cols = be.scratch("conv im2col columns", 4 * kk * ncp)
-    binds = Bindings(cols, types=types)
-    binds.add(x.handle, False)
-    total = kk * ncp
-    grid = grid_1d(math.ceil(total / IM2COL_WORKGROUP))
-    header = "\n".join([
-        f"// ember explicit im2col: x {(cs.n, cs.c, cs.h, cs.w)}, filter {cs.r}x{cs.s}, stride {(cs.sh, cs.sw)}, "
-        f"pads top/left {(cs.pt, cs.pl)}, dilation {(cs.dh, cs.dw)} -> cols ({kk}, {ncp}) for P x Q {cs.p}x{cs.q}",
-        "// Bindings (group 0):", *binds.comment(),
-        f"// Dispatch grid: {grid} = ceil({total} elements / {IM2COL_WORKGROUP}) workgroups spread over x, y"])
-    src = be.kernel_source(
-        "im2col", HEADER=header, BINDINGS="\n".join(binds.declarations()),
-        WORKGROUP=IM2COL_WORKGROUP, TOTAL=u(total), NCP=u(ncp), NCOLS=u(ncols), PQ=u(cs.p * cs.q), Q=u(cs.q),
-        RS=u(cs.r * cs.s), S=u(cs.s), SH=u(cs.sh), SW=u(cs.sw), DH=u(cs.dh), DW=u(cs.dw), PT=f"{cs.pt}i",
-        PL=f"{cs.pl}i", H=u(cs.h), W=u(cs.w), CHW=u(cs.c * cs.h * cs.w), HW=u(cs.h * cs.w),
-        LOAD_X=binds.scalar(x.handle, f"{u(x.offset)} + xi" if x.offset else "xi"))
-    steps = [be.dispatch(be.pipeline("conv_im2col", src), binds.buffers(), grid, "conv_im2col")]
-
-    def make_a(binds: Bindings, tile: Tile) -> Loader:
-        return strided_loader("a", tile.bm, binds, w.handle, w.offset, 0, kk, 1, m, kk, 1)
-
-    def make_b(binds: Bindings, tile: Tile) -> Loader:
-        return strided_loader("b", tile.bn, binds, cols, 0, 0, 1, ncp, ncols, kk, 1)
-
-    def make_epilogue(binds: Bindings, guard_m: bool, guard_n: bool) -> Epilogue:
-        for v in (bias, res3):
-            if v is not None:
-                binds.add(v.handle, False)
-        conds = ([f"m >= {u(m)}"] if guard_m else []) + ([f"n >= {u(ncols)}"] if guard_n else [])
-        return _conv_epilogue(cs, out, bias, act, binds, " || ".join(conds) or None, res3)
-
-    notes = [f"conv on explicit im2col columns: x {(cs.n, cs.c, cs.h, cs.w)}, w {(cs.k, cs.c, cs.r, cs.s)}, "
-             f"stride {(cs.sh, cs.sw)} -> P x Q {cs.p}x{cs.q}", "M = output channels; N = batch*P*Q; K = C*R*S"]
-    return steps + mm.record_gemm_kernel(be, "conv_im2col_gemm", m, ncols, kk, 1, out.handle, make_a, make_b,
-                                         make_epilogue, notes, types=types)
 
 
 def _record_depthwise(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: View | None, out: View,
