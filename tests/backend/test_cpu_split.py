@@ -171,3 +171,18 @@ def test_attention_split_matches_whole(b, hq, hkv, causal, masked, rng: np.rando
         m = cm if m is None else m + cm
     ref = attention_numpy(q, np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1), np.float32(0.125), m)
     assert rel_err(download(be, ho, (b, hq, sq, d)), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("total", [0, 1, 2, 3, 7, 28, 112, 513])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+def test_spans_cover_and_lead(total: int, parts: int) -> None:
+    """The pool's split: contiguous, non-empty ranges covering range(total), the caller's first no smaller than
+    any other (it starts first: parallel.LEAD) and none more than one item plus LEAD off an even share."""
+    got = parallel.spans(total, parts)
+    assert got[0][0] == 0 and got[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(got, got[1:], strict=False))
+    assert len(got) == max(1, min(parts, total))
+    if total:
+        sizes = [b - a for a, b in got]
+        assert min(sizes) >= 1 and sizes[0] >= max(sizes)
+        assert sizes[0] <= total / len(got) + parallel.LEAD * total + 1

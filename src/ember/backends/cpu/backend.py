@@ -617,10 +617,8 @@ def _scratch_step(scratch: _Scratch | None, build: Callable[[np.ndarray | None],
     return step
 
 
-def _chunks(total: int, parts: int) -> list[tuple[int, int]]:
-    """`parts` (or fewer) near-equal [start, stop) ranges covering range(total)."""
-    parts = max(1, min(parts, total))
-    return [(total * i // parts, total * (i + 1) // parts) for i in range(parts)]
+# `parts` (or fewer) ranges covering range(total), one per thread: the first a little larger (parallel.LEAD).
+_chunks = parallel.spans
 
 
 # Products smaller than this (multiply-adds) run whole on the calling thread: a hand-off to the pool costs more.

@@ -63,6 +63,26 @@ class Pool:
             raise job[4][0]
 
 
+# The share of a split's work (of the whole) that its first part, the one the calling thread runs, takes on top of
+# an even share. `Pool.run` wakes a worker that starts ~40-60 us later (through the hypervisor, then handed the
+# GIL), and when that worker finishes last the caller waits ~35 us more to be woken: in ResNet-18 batch 1's 27
+# parallel regions the caller finished first in ~60%, ~2 ms a run lost to the two waits. With the caller's part
+# 2% larger the run took 3% less (median, A/B in one process; 4% gained less).
+LEAD = 0.02
+
+
+def spans(total: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` (or fewer) [start, stop) ranges covering range(total) for a pool's threads: near-equal, but the
+    first (the calling thread's: see LEAD) larger by LEAD of the total."""
+    parts = max(1, min(parts, total))
+    if parts == 1:
+        return [(0, total)]
+    first = min(total - parts + 1, max(-(-total // parts), round(total * (1 / parts + LEAD))))
+    rest = total - first
+    return [(0, first)] + [(first + rest * i // (parts - 1), first + rest * (i + 1) // (parts - 1))
+                           for i in range(parts - 1)]
+
+
 _lock = threading.Lock()
 _pool: list[Pool | None] = []
 _cores: list[int] = []

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ...ops import winograd
+from . import parallel
 
 Step = Callable[[], None]
 Prog = list[tuple[Any, tuple, np.ndarray | None]]  # (ufunc or function, args, out= or None)
@@ -349,9 +350,8 @@ def split(xshape: tuple[int, ...], k: int, out_hw: tuple[int, int], pads: tuple[
     return out
 
 
-def _ranges(total: int, parts: int) -> list[tuple[int, int]]:
-    parts = max(1, min(parts, total))
-    return [(total * i // parts, total * (i + 1) // parts) for i in range(parts)]
+# One range per thread, the calling thread's first and a little larger (parallel.LEAD).
+_ranges = parallel.spans
 
 
 def choose(n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
