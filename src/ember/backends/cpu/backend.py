@@ -215,6 +215,7 @@ class CpuBackend(ComputeBackend):
         bpool = parallel.blas_pool()
         parts = bpool.size if bpool is not None and n * k * p * q * cg * r * s >= _SPLIT_MACS else 1
         by_k = k // groups >= parts and k // groups * groups > n * p * q
+        secs = n * k * p * q * cg * r * s / parallel.MACS_PER_S  # one thread's time for the products (spans)
         b2 = self.array(bias).reshape(-1, 1) if bias is not None else None
 
         def finish(o: np.ndarray, ch: slice) -> Step:
@@ -248,9 +249,10 @@ class CpuBackend(ComputeBackend):
         def products(wm: np.ndarray, cols: np.ndarray, o2: np.ndarray, k0: int, split: int) -> list[Step]:
             """product() over `split` parts of the output channels (by_k) or of the columns."""
             if by_k:
-                return [product(wm[a:b], cols, o2[a:b], slice(k0 + a, k0 + b)) for a, b in _chunks(len(wm), split)]
+                return [product(wm[a:b], cols, o2[a:b], slice(k0 + a, k0 + b))
+                        for a, b in _chunks(len(wm), split, secs)]
             return [product(wm, cols[:, a:b], o2[:, a:b], slice(k0, k0 + len(wm)))
-                    for a, b in _chunks(cols.shape[1], split)]
+                    for a, b in _chunks(cols.shape[1], split, secs)]
 
         def run_tasks(tasks: list[Step]) -> list[Step]:
             return [functools.partial(bpool.run, tasks)] if len(tasks) > 1 and bpool is not None else tasks
@@ -289,7 +291,7 @@ class CpuBackend(ComputeBackend):
             scratch = self._scratch
             r_ext = (r - 1) * dilation[0] + 1
             by_c = by_k and groups == 1 and parts > 1 and c >= parts
-            row_bands = [(0, p)] if by_k or parts == 1 else _chunks(p, parts)
+            row_bands = [(0, p)] if by_k or parts == 1 else _chunks(p, parts, secs)
             partials = (parts - 1) * n * k * p * q if by_c else 0
             scratch.reserve((n * groups * kk * (p + len(row_bands)) * q + partials) * xv.dtype.itemsize)
             wmat = wv.reshape(groups, kg, kk)
@@ -323,7 +325,7 @@ class CpuBackend(ComputeBackend):
                 outs = [omat, *rest]
                 c6 = cols.reshape(n, c, r, s, p, q)
                 tasks = []
-                for t, (c0, c1) in enumerate(_chunks(c, parts)):
+                for t, (c0, c1) in enumerate(_chunks(c, parts, secs)):
                     fill = _im2col(xv[:, c0:c1], c6[:, c0:c1], stride, pads, dilation)
                     k0, k1 = c0 * r * s, c1 * r * s
                     tasks.append(_seq(fill, *(functools.partial(np.matmul, wmat[0, :, k0:k1], cols[i, k0:k1],

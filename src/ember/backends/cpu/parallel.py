@@ -63,21 +63,32 @@ class Pool:
             raise job[4][0]
 
 
-# The share of a split's work (of the whole) that its first part, the one the calling thread runs, takes on top of
-# an even share. `Pool.run` wakes a worker that starts ~40-60 us later (through the hypervisor, then handed the
-# GIL), and when that worker finishes last the caller waits ~35 us more to be woken: in ResNet-18 batch 1's 27
-# parallel regions the caller finished first in ~60%, ~2 ms a run lost to the two waits. With the caller's part
-# 2% larger the run took 3% less (median, A/B in one process; 4% gained less).
+# The calling thread's head start. `Pool.run` wakes a worker that starts ~40-60 us later (through the
+# hypervisor, then handed the GIL), and when that worker finishes last the caller waits ~35 us more to be woken:
+# in ResNet-18 batch 1's 27 parallel regions the caller finished first in ~60%, ~2 ms a run lost to the two
+# waits. So the first part of a split, the caller's, is larger: by LEAD of the whole at least (a flat 2% took
+# 3% off the run, median, A/B in one process; 4% less), and where the caller says how long the split's work
+# takes one thread, by enough that the two parts end together with the worker HEAD_START_S late.
 LEAD = 0.02
+HEAD_START_S = 50e-6
+# One thread's rough speed, for those estimates: multiply-adds a second in OpenBLAS sgemm (42-44 G measured on
+# this project's 2-core AMD EPYC), and seconds per element of a Winograd input transform's output (1-1.7 ns).
+MACS_PER_S = 40e9
+TRANSFORM_S = 1.5e-9
 
 
-def spans(total: int, parts: int) -> list[tuple[int, int]]:
+def spans(total: int, parts: int, seconds: float | None = None) -> list[tuple[int, int]]:
     """`parts` (or fewer) [start, stop) ranges covering range(total) for a pool's threads: near-equal, but the
-    first (the calling thread's: see LEAD) larger by LEAD of the total."""
+    first (the calling thread's) larger, as LEAD says; `seconds`: the whole split's work on one thread."""
     parts = max(1, min(parts, total))
     if parts == 1:
         return [(0, total)]
-    first = min(total - parts + 1, max(-(-total // parts), round(total * (1 / parts + LEAD))))
+    lead = LEAD
+    if seconds:
+        # The first part's end = the others' (starting HEAD_START_S late): lead = HEAD_START_S / seconds
+        # * (parts - 1) / parts, capped where the estimate is less than a few head starts.
+        lead = min(0.25, max(lead, HEAD_START_S * (parts - 1) / (parts * seconds)))
+    first = min(total - parts + 1, max(-(-total // parts), round(total * (1 / parts + lead))))
     rest = total - first
     return [(0, first)] + [(first + rest * i // (parts - 1), first + rest * (i + 1) // (parts - 1))
                            for i in range(parts - 1)]
