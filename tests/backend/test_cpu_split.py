@@ -186,3 +186,11 @@ def test_spans_cover_and_lead(total: int, parts: int) -> None:
         sizes = [b - a for a, b in got]
         assert min(sizes) >= 1 and sizes[0] >= max(sizes)
         assert sizes[0] <= total / len(got) + parallel.LEAD * total + 1
+
+
+def test_spans_lead_from_time() -> None:
+    """A short split (work of a few head starts) gives the caller a larger lead, capped at 25% of the whole."""
+    assert parallel.spans(100, 2, seconds=1.0) == parallel.spans(100, 2)  # long: the flat LEAD
+    first = parallel.spans(100, 2, seconds=parallel.HEAD_START_S * 4)[0][1]
+    assert parallel.spans(100, 2)[0][1] < first <= 75
+    assert parallel.spans(100, 2, seconds=1e-9)[0] == (0, 75)
