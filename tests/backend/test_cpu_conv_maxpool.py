@@ -77,6 +77,12 @@ CASES = [
      dict(kernel_shape=[3, 3], strides=[2, 2], pads=[2, 2, 2, 2], dilations=[2, 2]), "Relu"),  # dilated both
     ((1, 2, 14, 14), (4, 3, 3), dict(pads=[1, 1, 1, 1]),
      dict(kernel_shape=[2, 2], strides=[3, 3], pads=[1, 1, 1, 1]), "Relu"),  # windows reading a pad row only
+    ((1, 3, 20, 23), (8, 3, 3), dict(pads=[1, 1, 1, 1]),
+     dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 2, 2, 2]), "Relu"),  # edge columns both sides
+    ((1, 3, 17, 19), (8, 3, 3), dict(pads=[1, 0, 1, 0]),
+     dict(kernel_shape=[1, 3], strides=[1, 1], pads=[0, 1, 0, 1]), None),  # one row per window, stride 1
+    ((1, 3, 17, 19), (8, 3, 3), dict(pads=[1, 0, 1, 0]),
+     dict(kernel_shape=[4, 1], strides=[3, 2], pads=[2, 0, 1, 0], ceil_mode=1), "Relu"),  # one column per window
 ]
 
 
