@@ -194,3 +194,60 @@ def test_spans_lead_from_time() -> None:
     first = parallel.spans(100, 2, seconds=parallel.HEAD_START_S * 4)[0][1]
     assert parallel.spans(100, 2)[0][1] < first <= 75
     assert parallel.spans(100, 2, seconds=1e-9)[0] == (0, 75)
+
+
+def test_phases_order_and_errors() -> None:
+    """parallel.Phases: every first part runs before any second part; a failing first part skips the second
+    parts, its own exception reaches the caller, and the next run works again."""
+    import threading
+
+    log: list[str] = []
+    lock = threading.Lock()
+    fail = [True]
+
+    def step(name: str, raises: bool = False):
+        def run() -> None:
+            if raises and fail[0]:
+                raise ValueError("first part failed")
+            with lock:
+                log.append(name)
+        return run
+
+    phases = parallel.Phases(_POOL, [step("a0"), step("a1", raises=True)], [step("b0"), step("b1")])
+    with pytest.raises(ValueError, match="first part failed"):
+        phases()
+    assert not any(e.startswith("b") for e in log)
+    fail[0] = False
+    for _ in range(3):
+        log.clear()
+        phases()
+        assert sorted(log[:2]) == ["a0", "a1"] and sorted(log[2:]) == ["b0", "b1"]
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize(("xshape", "k"), [((1, 16, 6, 6), 64), ((1, 7, 5, 6), 40), ((2, 8, 5, 7), 96)])
+def test_winograd_channel_split_in_phases(m: int, xshape: tuple, k: int, rng: np.random.Generator) -> None:
+    """A Winograd conv with more output channels than tiles: the input transform over ranges of input channels,
+    a barrier, then the products over ranges of output channels, in one region (parallel.Phases)."""
+    from ember.ops import winograd
+
+    from .test_cpu_winograd import TOL as WTOL
+    from .test_cpu_winograd import _record
+
+    be = CpuBackend().init()
+    n, c, h, w = xshape
+    x = rng.standard_normal(xshape).astype(np.float32)
+    f = rng.standard_normal((k, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    steps, ho = _record(be, x, winograd.transform_weights(f, m), b, (1, 1, 1, 1), m, RELU, (n, k, h, w))
+    want = conv_ref(x, f, b, (1, 1), (1, 1, 1, 1), act=RELU)
+    calls: list[int] = []
+    run = _POOL.run
+    _POOL.run = lambda tasks: (calls.append(len(tasks)), run(tasks))[1]  # type: ignore[method-assign]
+    try:
+        for _ in range(2):
+            be.execute(steps)
+            assert rel_err(download(be, ho, (n, k, h, w)), want) <= WTOL[m]
+    finally:
+        del _POOL.run
+    assert calls == [2, 2]  # one region a run

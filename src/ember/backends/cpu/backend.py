@@ -454,6 +454,10 @@ class CpuBackend(ComputeBackend):
                                               functools.partial(_epilogue, act), res,
                                               pool.size if split_k and pool is not None else 1)
                 if split_k:
+                    # One region, a barrier between the phases (ResNet-18's 128- and 256-channel convs 0.07 ms
+                    # faster each, the run 2-4% in A/B) where each task can have a thread of its own.
+                    if len(firsts) == len(outs) <= pool.size:
+                        return [parallel.Phases(pool, firsts, outs)]
                     return [functools.partial(pool.run, firsts), functools.partial(pool.run, outs)]
                 tasks.append(_seq(*firsts, *outs))
             return tasks if len(tasks) == 1 else [functools.partial(pool.run, tasks)]

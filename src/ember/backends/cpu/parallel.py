@@ -94,6 +94,42 @@ def spans(total: int, parts: int, seconds: float | None = None) -> list[tuple[in
                            for i in range(parts - 1)]
 
 
+class Phases:
+    """Two lists of tasks as one parallel region: task i runs firsts[i], waits until every task has run its first
+    part, then runs seconds[i]. Against two `Pool.run`s this saves a hand-off: the worker does not go back to
+    the queue to be woken again (~40 us), and where it finishes the first phase last the caller is not woken
+    from its wait for it either; only the thread that reaches the barrier first waits.
+
+    Every task must run on a thread of its own, all at once (or the first would wait for ever): no more tasks
+    than the pool has threads, which `Pool.run` hands the job to together."""
+
+    def __init__(self, pool: Pool, firsts: list[Task], seconds: list[Task]) -> None:
+        assert len(firsts) == len(seconds) <= pool.size
+        self._pool = pool
+        self._barrier = threading.Barrier(len(firsts))
+        self._tasks = [self._task(f, s) for f, s in zip(firsts, seconds, strict=True)]
+
+    def _task(self, first: Task, second: Task) -> Task:
+        def run() -> None:
+            try:
+                first()
+            except BaseException:
+                self._barrier.abort()  # the others stop waiting; Pool.run raises this exception
+                raise
+            try:
+                self._barrier.wait()
+            except threading.BrokenBarrierError:
+                return  # another task's first part failed
+            second()
+
+        return run
+
+    def __call__(self) -> None:
+        if self._barrier.broken:  # a failed run before this one
+            self._barrier.reset()
+        self._pool.run(self._tasks)
+
+
 _lock = threading.Lock()
 _pool: list[Pool | None] = []
 _cores: list[int] = []
