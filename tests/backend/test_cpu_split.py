@@ -246,8 +246,74 @@ def test_winograd_channel_split_in_phases(m: int, xshape: tuple, k: int, rng: np
     _POOL.run = lambda tasks: (calls.append(len(tasks)), run(tasks))[1]  # type: ignore[method-assign]
     try:
         for _ in range(2):
-            be.execute(steps)
+            be.execute(steps)  # through Pool.run_program: the phases as two regions of one program
+            assert rel_err(download(be, ho, (n, k, h, w)), want) <= WTOL[m]
+            with parallel.one_blas_thread():
+                steps[0]()  # alone: parallel.Phases
             assert rel_err(download(be, ho, (n, k, h, w)), want) <= WTOL[m]
     finally:
         del _POOL.run
-    assert calls == [2, 2]  # one region a run
+    assert calls == [2, 2]  # one region a run of the step alone
+
+
+def _logger(log: list[str], name: str, fail: list[bool] | None = None):
+    import threading
+
+    lock = threading.Lock()
+
+    def run() -> None:
+        if fail is not None and fail[0]:
+            raise ValueError(f"{name} failed")
+        with lock:
+            log.append(name)
+
+    return run
+
+
+def test_run_program_order_and_errors() -> None:
+    """Pool.run_program: regions in order with a barrier after each, the callables after a region once it is
+    done, OnCaller items between stretches; a failing task stops the rest, and the next run works."""
+    log: list[str] = []
+    fail = [True]
+    r = parallel.Region
+    items = [_logger(log, "s0"), r(_POOL, [_logger(log, "a0"), _logger(log, "a1"), _logger(log, "a2")]),
+             _logger(log, "f1"), _logger(log, "f2"), r(_POOL, [_logger(log, "b0"), _logger(log, "b1", fail)]),
+             _logger(log, "f3"), r(_POOL, [_logger(log, "c0"), _logger(log, "c1")]),
+             parallel.OnCaller(_logger(log, "g")), r(_POOL, [_logger(log, "d0"), _logger(log, "d1")]),
+             r(_POOL, [_logger(log, "e0"), _logger(log, "e1")]), _logger(log, "f4")]
+    with pytest.raises(ValueError, match="b1 failed"):
+        _POOL.run_program(items)
+    assert "f3" not in log and not any(e[0] in "cdeg" for e in log)
+    fail[0] = False
+    for _ in range(5):
+        log.clear()
+        _POOL.run_program(items)
+        pos = {e: i for i, e in enumerate(log)}
+        assert sorted(log) == sorted(["s0", "a0", "a1", "a2", "f1", "f2", "b0", "b1", "f3", "c0", "c1", "g", "d0",
+                                      "d1", "e0", "e1", "f4"])
+        order = [["s0"], ["a0", "a1", "a2"], ["f1"], ["f2"], ["b0", "b1"], ["f3"], ["c0", "c1"], ["g"],
+                 ["d0", "d1"], ["e0", "e1"], ["f4"]]
+        for before, after in zip(order, order[1:], strict=False):
+            assert max(pos[e] for e in before) < min(pos[e] for e in after)
+
+
+def test_run_program_without_a_free_worker() -> None:
+    """A worker busy elsewhere never joins: the caller runs the whole program alone instead of waiting."""
+    import itertools
+    import threading
+
+    pool = parallel.Pool(1)
+    release, busy = threading.Event(), threading.Event()
+
+    def block() -> None:
+        busy.set()
+        release.wait()
+
+    pool._jobs.put([[block], itertools.count(), threading.Lock(), threading.Event(), [], 0])  # as Pool.run posts
+    assert busy.wait(5)
+    log: list[str] = []
+    r = parallel.Region
+    pool.run_program([r(pool, [_logger(log, "a0"), _logger(log, "a1")]), _logger(log, "f"),
+                      r(pool, [_logger(log, "b0"), _logger(log, "b1")])])
+    assert log[:2] in (["a0", "a1"], ["a1", "a0"]) and log[2] == "f" and sorted(log[3:]) == ["b0", "b1"]
+    release.set()

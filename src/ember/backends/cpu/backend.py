@@ -29,7 +29,7 @@ class _Scratch:
     holds the lock while it uses the buffer: plans on one backend may run in several threads."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entered by a plan run inside a step (execute holds it throughout)
         self.buf = np.empty(0, np.uint8)
 
     def reserve(self, nbytes: int) -> None:
@@ -89,9 +89,19 @@ class CpuBackend(ComputeBackend):
     def execute(self, steps: list) -> None:
         # Products run on the pool's threads, one OpenBLAS thread each (parallel.one_blas_thread): OpenBLAS's
         # own workers, once woken, spin between products and would take the core from the pool's.
-        with parallel.one_blas_thread() if parallel.blas_pool() is not None else _NO_LOCK:
+        pool = parallel.blas_pool()
+        if pool is None:
             for step in steps:
                 step()
+            return
+        # The steps' parallel regions as one (Pool.run_program): a barrier between two, not a hand-off to the
+        # workers and back. The scratch stays locked throughout (the steps' own locking is bypassed).
+        with parallel.one_blas_thread(), self._scratch.lock:
+            items: list = []
+            for step in steps:
+                program = getattr(step, "program", None)
+                items += program() if program is not None else [parallel.OnCaller(step)]
+            pool.run_program(items)
 
     def array(self, v: View) -> np.ndarray:
         """A numpy view (no copy) of a View."""
@@ -255,7 +265,7 @@ class CpuBackend(ComputeBackend):
                     for a, b in _chunks(cols.shape[1], split, secs)]
 
         def run_tasks(tasks: list[Step]) -> list[Step]:
-            return [functools.partial(bpool.run, tasks)] if len(tasks) > 1 and bpool is not None else tasks
+            return [parallel.Region(bpool, tasks)] if len(tasks) > 1 and bpool is not None else tasks
 
         # `build` makes the step's parts, given the scratch buffer where the conv uses it.
         scratch: _Scratch | None = None
@@ -270,7 +280,7 @@ class CpuBackend(ComputeBackend):
                 for c0, c1 in _chunks(c, bands):
                     run = self._depthwise(xv[:, c0:c1], wv[c0:c1], dst[:, c0:c1], (r, s), stride, pads, dilation)
                     tasks.append(_seq(run, *(finish(dst[i, c0:c1], slice(c0, c1)) for i in range(n))))
-                return [functools.partial(pool.run, tasks)] if pool is not None else tasks
+                return [parallel.Region(pool, tasks)] if pool is not None else tasks
         elif groups == 1 and r == s == 1 and sh == sw == 1 and not any(pads):
             # 1x1: the input already is the product's right-hand matrix.
             wmat, xmat = wv.reshape(k, c), xv.reshape(n, c, h * wd)
@@ -415,7 +425,7 @@ class CpuBackend(ComputeBackend):
             for i0, i1, (a, b), (top, bottom) in bands:
                 tasks.append(band(buf, off, i0, i1, a, b, top, bottom))
                 off += n * kk * (b - a) * q
-            return [functools.partial(pool.run, tasks)] if len(tasks) > 1 and pool is not None else tasks
+            return [parallel.Region(pool, tasks)] if len(tasks) > 1 and pool is not None else tasks
 
         return [_scratch_step(scratch, build)]
 
@@ -458,9 +468,9 @@ class CpuBackend(ComputeBackend):
                     # faster each, the run 2-4% in A/B) where each task can have a thread of its own.
                     if len(firsts) == len(outs) <= pool.size:
                         return [parallel.Phases(pool, firsts, outs)]
-                    return [functools.partial(pool.run, firsts), functools.partial(pool.run, outs)]
+                    return [parallel.Region(pool, firsts), parallel.Region(pool, outs)]
                 tasks.append(_seq(*firsts, *outs))
-            return tasks if len(tasks) == 1 else [functools.partial(pool.run, tasks)]
+            return tasks if len(tasks) == 1 else [parallel.Region(pool, tasks)]
 
         return [_scratch_step(scratch, build, keep)]
 
@@ -683,18 +693,29 @@ def _scratch_step(scratch: _Scratch | None, build: Callable[[np.ndarray | None],
     lock; the parts are built on the first run and again whenever the scratch has grown since."""
     bound: list[Any] = [None, None]  # the scratch buffer the parts were built on, the parts
 
+    def parts() -> list[Step]:
+        buf = scratch.buf if scratch is not None else None
+        if bound[1] is None or bound[0] is not buf:  # first run, or the scratch grew since
+            bound[:] = [buf, build(buf)]
+        return bound[1]
+
     def step() -> None:
         if before is not None:
             before()
         with scratch.lock if scratch is not None else _NO_LOCK:
-            buf = scratch.buf if scratch is not None else None
-            if bound[1] is None or bound[0] is not buf:  # first run, or the scratch grew since
-                bound[:] = [buf, build(buf)]
-            for part in bound[1]:
+            for part in parts():
                 part()
         if after is not None:
             after()
 
+    def program() -> list[Any]:
+        """The step as Pool.run_program items (the caller holds the scratch lock)."""
+        out: list[Any] = [before] if before is not None else []
+        for part in parts():
+            out += part.regions() if isinstance(part, parallel.Phases) else [part]
+        return out + ([after] if after is not None else [])
+
+    step.program = program  # type: ignore[attr-defined]
     return step
 
 
