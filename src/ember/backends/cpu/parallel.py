@@ -7,6 +7,10 @@ products and took the second core from the pool's numpy work (a Winograd conv sp
 slower next to OpenBLAS-threaded convs than next to convs split the same way), and its per-product thread
 hand-offs cost more than they save on the small products of Winograd (alpha^2 of them per conv). The pool
 also runs depthwise convolutions and max pooling, over bands of channels.
+
+Handing a region to a worker costs ~40 us here (a wake-up through the hypervisor, then the GIL), so a plan's
+regions run as one program (`Pool.run_program`: a barrier between regions, not a hand-off and a wait each), and
+the caller's part of every split is a little larger (`spans`).
 """
 
 from __future__ import annotations
