@@ -171,3 +171,149 @@ def test_attention_split_matches_whole(b, hq, hkv, causal, masked, rng: np.rando
         m = cm if m is None else m + cm
     ref = attention_numpy(q, np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1), np.float32(0.125), m)
     assert rel_err(download(be, ho, (b, hq, sq, d)), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("total", [0, 1, 2, 3, 7, 28, 112, 513])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+def test_spans_cover_and_lead(total: int, parts: int) -> None:
+    """The pool's split: contiguous, non-empty ranges covering range(total), the caller's first no smaller than
+    any other (it starts first: parallel.LEAD) and none more than one item plus LEAD off an even share."""
+    got = parallel.spans(total, parts)
+    assert got[0][0] == 0 and got[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(got, got[1:], strict=False))
+    assert len(got) == max(1, min(parts, total))
+    if total:
+        sizes = [b - a for a, b in got]
+        assert min(sizes) >= 1 and sizes[0] >= max(sizes)
+        assert sizes[0] <= total / len(got) + parallel.LEAD * total + 1
+
+
+def test_spans_lead_from_time() -> None:
+    """A short split (work of a few head starts) gives the caller a larger lead, capped at 25% of the whole."""
+    assert parallel.spans(100, 2, seconds=1.0) == parallel.spans(100, 2)  # long: the flat LEAD
+    first = parallel.spans(100, 2, seconds=parallel.HEAD_START_S * 4)[0][1]
+    assert parallel.spans(100, 2)[0][1] < first <= 75
+    assert parallel.spans(100, 2, seconds=1e-9)[0] == (0, 75)
+
+
+def test_phases_order_and_errors() -> None:
+    """parallel.Phases: every first part runs before any second part; a failing first part skips the second
+    parts, its own exception reaches the caller, and the next run works again."""
+    import threading
+
+    log: list[str] = []
+    lock = threading.Lock()
+    fail = [True]
+
+    def step(name: str, raises: bool = False):
+        def run() -> None:
+            if raises and fail[0]:
+                raise ValueError("first part failed")
+            with lock:
+                log.append(name)
+        return run
+
+    phases = parallel.Phases(_POOL, [step("a0"), step("a1", raises=True)], [step("b0"), step("b1")])
+    with pytest.raises(ValueError, match="first part failed"):
+        phases()
+    assert not any(e.startswith("b") for e in log)
+    fail[0] = False
+    for _ in range(3):
+        log.clear()
+        phases()
+        assert sorted(log[:2]) == ["a0", "a1"] and sorted(log[2:]) == ["b0", "b1"]
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize(("xshape", "k"), [((1, 16, 6, 6), 64), ((1, 7, 5, 6), 40), ((2, 8, 5, 7), 96)])
+def test_winograd_channel_split_in_phases(m: int, xshape: tuple, k: int, rng: np.random.Generator) -> None:
+    """A Winograd conv with more output channels than tiles: the input transform over ranges of input channels,
+    a barrier, then the products over ranges of output channels, in one region (parallel.Phases)."""
+    from ember.ops import winograd
+
+    from .test_cpu_winograd import TOL as WTOL
+    from .test_cpu_winograd import _record
+
+    be = CpuBackend().init()
+    n, c, h, w = xshape
+    x = rng.standard_normal(xshape).astype(np.float32)
+    f = rng.standard_normal((k, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    steps, ho = _record(be, x, winograd.transform_weights(f, m), b, (1, 1, 1, 1), m, RELU, (n, k, h, w))
+    want = conv_ref(x, f, b, (1, 1), (1, 1, 1, 1), act=RELU)
+    calls: list[int] = []
+    run = _POOL.run
+    _POOL.run = lambda tasks: (calls.append(len(tasks)), run(tasks))[1]  # type: ignore[method-assign]
+    try:
+        for _ in range(2):
+            be.execute(steps)  # through Pool.run_program: the phases as two regions of one program
+            assert rel_err(download(be, ho, (n, k, h, w)), want) <= WTOL[m]
+            with parallel.one_blas_thread():
+                steps[0]()  # alone: parallel.Phases
+            assert rel_err(download(be, ho, (n, k, h, w)), want) <= WTOL[m]
+    finally:
+        del _POOL.run
+    assert calls == [2, 2]  # one region a run of the step alone
+
+
+def _logger(log: list[str], name: str, fail: list[bool] | None = None):
+    import threading
+
+    lock = threading.Lock()
+
+    def run() -> None:
+        if fail is not None and fail[0]:
+            raise ValueError(f"{name} failed")
+        with lock:
+            log.append(name)
+
+    return run
+
+
+def test_run_program_order_and_errors() -> None:
+    """Pool.run_program: regions in order with a barrier after each, the callables after a region once it is
+    done, OnCaller items between stretches; a failing task stops the rest, and the next run works."""
+    log: list[str] = []
+    fail = [True]
+    r = parallel.Region
+    items = [_logger(log, "s0"), r(_POOL, [_logger(log, "a0"), _logger(log, "a1"), _logger(log, "a2")]),
+             _logger(log, "f1"), _logger(log, "f2"), r(_POOL, [_logger(log, "b0"), _logger(log, "b1", fail)]),
+             _logger(log, "f3"), r(_POOL, [_logger(log, "c0"), _logger(log, "c1")]),
+             parallel.OnCaller(_logger(log, "g")), r(_POOL, [_logger(log, "d0"), _logger(log, "d1")]),
+             r(_POOL, [_logger(log, "e0"), _logger(log, "e1")]), _logger(log, "f4")]
+    with pytest.raises(ValueError, match="b1 failed"):
+        _POOL.run_program(items)
+    assert "f3" not in log and not any(e[0] in "cdeg" for e in log)
+    fail[0] = False
+    for _ in range(5):
+        log.clear()
+        _POOL.run_program(items)
+        pos = {e: i for i, e in enumerate(log)}
+        assert sorted(log) == sorted(["s0", "a0", "a1", "a2", "f1", "f2", "b0", "b1", "f3", "c0", "c1", "g", "d0",
+                                      "d1", "e0", "e1", "f4"])
+        order = [["s0"], ["a0", "a1", "a2"], ["f1"], ["f2"], ["b0", "b1"], ["f3"], ["c0", "c1"], ["g"],
+                 ["d0", "d1"], ["e0", "e1"], ["f4"]]
+        for before, after in zip(order, order[1:], strict=False):
+            assert max(pos[e] for e in before) < min(pos[e] for e in after)
+
+
+def test_run_program_without_a_free_worker() -> None:
+    """A worker busy elsewhere never joins: the caller runs the whole program alone instead of waiting."""
+    import itertools
+    import threading
+
+    pool = parallel.Pool(1)
+    release, busy = threading.Event(), threading.Event()
+
+    def block() -> None:
+        busy.set()
+        release.wait()
+
+    pool._jobs.put([[block], itertools.count(), threading.Lock(), threading.Event(), [], 0])  # as Pool.run posts
+    assert busy.wait(5)
+    log: list[str] = []
+    r = parallel.Region
+    pool.run_program([r(pool, [_logger(log, "a0"), _logger(log, "a1")]), _logger(log, "f"),
+                      r(pool, [_logger(log, "b0"), _logger(log, "b1")])])
+    assert log[:2] in (["a0", "a1"], ["a1", "a0"]) and log[2] == "f" and sorted(log[3:]) == ["b0", "b1"]
+    release.set()

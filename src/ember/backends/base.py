@@ -480,6 +480,19 @@ class ComputeBackend(ABC):
         """2-D convolution, NCHW, filter (K, C/groups, R, S), pads (top, left, bottom, right):
         out = act(conv + bias + residual); `residual` only where `conv_residual` says so."""
 
+    def conv_maxpool_fits(self, xshape: tuple[int, ...], wshape: tuple[int, ...], out_shape: tuple[int, ...],
+                          groups: int) -> bool:
+        """Whether `record_conv_maxpool` takes this 2-D conv (a MaxPool its only reader)."""
+        return False
+
+    def record_conv_maxpool(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
+                            pads: tuple[int, int, int, int], dilation: tuple[int, int], act: Any,
+                            conv_hw: tuple[int, int], kernel: tuple[int, int], pool_stride: tuple[int, int],
+                            pool_pads: tuple[int, int, int, int], pool_dilation: tuple[int, int]) -> list:
+        """out = MaxPool(act(conv(x) + bias)), the conv as record_conv's (output conv_hw), the pooling as
+        record_pool's "max"; only where `conv_maxpool_fits` said so."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused conv + max pooling")
+
     # Winograd F(m, 3) convolution (ops/winograd.py has the algorithm and the layouts): the output tiles m this
     # backend implements; empty when it has no Winograd kernels.
     winograd_tiles: tuple[int, ...] = ()

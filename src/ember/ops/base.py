@@ -33,6 +33,9 @@ class Lazy:
     origin: str = ""  # the node that created it (profile labels)
     deps: list[View] = field(default_factory=list)  # buffers the anchor kernel will read
     takes_bias: bool = False  # the anchor can add one more tensor (MatMul: alpha*acc + bias; a residual too)
+    # (out, act, kernel, strides, pads, dilations) -> steps: the anchor kernel with a max pooling of its result
+    # fused in (a MaxPool its only reader; the backend's conv_maxpool), or None
+    pool: Callable[..., list] | None = None
 
 
 @dataclass(eq=False)

@@ -81,7 +81,7 @@ def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype)
         base = unique[0].lazy
         epilogue = substitute(fused, {0: base.expr})
         return T(out_dtype, shape, lazy=Lazy(epilogue, base.inputs, base.anchor, base.nodes + nodes, base.origin,
-                                             base.deps))
+                                             base.deps, pool=base.pool))
     if not unique:
         out = ctx.new(out_dtype, shape)
         if out.size:

@@ -86,7 +86,16 @@ class Conv(Op):
                 return ctx.backend.record_conv_winograd(xv, wv, bias, o4, pads4, m, act, residual=res)
             return ctx.backend.record_conv(xv, wv, bias, o4, strides, pads4, dil, g, act, residual=res)
 
-        return [anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias], takes_bias=ctx.backend.conv_residual)]
+        t = anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias], takes_bias=ctx.backend.conv_residual)
+        be = ctx.backend
+        if t.lazy is not None and m is None and r == 2 and be.conv_maxpool_fits(x.shape, w.shape, out_shape, g):
+            def record_pool(out: View, act: Expr | None, kernel: tuple, pstrides: tuple, ppads: tuple,
+                            pdil: tuple) -> list:
+                return ctx.backend.record_conv_maxpool(xv, wv, bias, out, strides, pads4, dil, act, out4[2:], kernel,
+                                                       pstrides, ppads, pdil)
+
+            t.lazy.pool = record_pool
+        return [t]
 
 
 def residual_view(ctx: Context, residual: View, out4: tuple[int, ...]) -> View:
@@ -156,6 +165,14 @@ class Pool(Op):
             from .index import pool_argmax  # integer max pooling: the window unrolled in an index kernel
 
             return pool_argmax(ctx, x, shape, kernel, strides, dil, pads, 0, values=True)
+        lz = x.lazy
+        if self.kind == "max" and r == 2 and lz is not None and lz.pool is not None and not lz.inputs and x.uses <= 1:
+            # Conv (+ its epilogue) read by this MaxPool only: one step computes both, the conv never written whole.
+            out = ctx.new(x.dtype, shape)
+            ctx.record(lz.pool(out.view, None if lz.expr.op == "in" else lz.expr, kernel, strides,
+                               (pads[0], pads[1], pads[2], pads[3]), dil), lz.origin)
+            ctx.count("conv.maxpool")
+            return out
         out = ctx.new(x.dtype, shape)
         if r == 3:
             return self.pool3d(ctx, x, out, kernel, strides, dil, pads)

@@ -7,6 +7,10 @@ products and took the second core from the pool's numpy work (a Winograd conv sp
 slower next to OpenBLAS-threaded convs than next to convs split the same way), and its per-product thread
 hand-offs cost more than they save on the small products of Winograd (alpha^2 of them per conv). The pool
 also runs depthwise convolutions and max pooling, over bands of channels.
+
+Handing a region to a worker costs ~40 us here (a wake-up through the hypervisor, then the GIL), so a plan's
+regions run as one program (`Pool.run_program`: a barrier between regions, not a hand-off and a wait each), and
+the caller's part of every split is a little larger (`spans`).
 """
 
 from __future__ import annotations
@@ -31,10 +35,6 @@ class Pool:
         for i in range(workers):
             threading.Thread(target=self._serve, name=f"ember-cpu-{i}", daemon=True).start()
 
-    def _serve(self) -> None:
-        while True:
-            self._drain(self._jobs.get())
-
     @staticmethod
     def _drain(job: list[Any]) -> None:
         tasks, counter, lock, done, errors, _ = job
@@ -47,6 +47,49 @@ class Pool:
                 job[5] += 1
                 if job[5] == len(tasks):
                     done.set()
+
+    def run_program(self, items: list[Task | Region | OnCaller]) -> None:
+        """Run `items` in order, each stretch of them from one Region to the last before an OnCaller as one
+        parallel region: a Region's tasks are shared out among the threads, the plain callables after a region
+        run on one thread (the last to finish that region), and a barrier separates each region from what
+        follows. Against a `run` per region this saves a hand-off at each boundary: the thread that finishes
+        last goes straight on, only the other waits. OnCaller items (and anything before the first region)
+        run here, between stretches."""
+        i = 0
+        while i < len(items):
+            item = items[i]
+            if not isinstance(item, Region):
+                item()
+                i += 1
+                continue
+            j = i
+            while j < len(items) and not isinstance(items[j], OnCaller):
+                j += 1
+            stretch, i = items[i:j], j
+            if sum(isinstance(x, Region) for x in stretch) < 2:
+                for x in stretch:
+                    x()
+                continue
+            program: list[tuple[Region, list[Task]]] = []
+            for x in stretch:
+                if isinstance(x, Region):
+                    program.append((x, []))
+                else:
+                    program[-1][1].append(x)
+            gang = _Gang(program)
+            for _ in range(min(self.size, max(len(r.tasks) for r, _ in program)) - 1):
+                self._jobs.put(gang)
+            gang.play()
+            if gang.errors:
+                raise gang.errors[0]
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if isinstance(job, _Gang):
+                job.play()
+            else:
+                self._drain(job)
 
     def run(self, tasks: list[Task]) -> None:
         if len(tasks) <= 1:
@@ -61,6 +104,151 @@ class Pool:
         job[3].wait()
         if job[4]:
             raise job[4][0]
+
+
+# The calling thread's head start. `Pool.run` wakes a worker that starts ~40-60 us later (through the
+# hypervisor, then handed the GIL), and when that worker finishes last the caller waits ~35 us more to be woken:
+# in ResNet-18 batch 1's 27 parallel regions the caller finished first in ~60%, ~2 ms a run lost to the two
+# waits. So the first part of a split, the caller's, is larger: by LEAD of the whole at least (a flat 2% took
+# 3% off the run, median, A/B in one process; 4% less), and where the caller says how long the split's work
+# takes one thread, by enough that the two parts end together with the worker HEAD_START_S late.
+LEAD = 0.02
+HEAD_START_S = 50e-6
+# One thread's rough speed, for those estimates: multiply-adds a second in OpenBLAS sgemm (42-44 G measured on
+# this project's 2-core AMD EPYC), and seconds per element of a Winograd input transform's output (1-1.7 ns).
+MACS_PER_S = 40e9
+TRANSFORM_S = 1.5e-9
+
+
+def spans(total: int, parts: int, seconds: float | None = None) -> list[tuple[int, int]]:
+    """`parts` (or fewer) [start, stop) ranges covering range(total) for a pool's threads: near-equal, but the
+    first (the calling thread's) larger, as LEAD says; `seconds`: the whole split's work on one thread."""
+    parts = max(1, min(parts, total))
+    if parts == 1:
+        return [(0, total)]
+    lead = LEAD
+    if seconds:
+        # The first part's end = the others' (starting HEAD_START_S late): lead = HEAD_START_S / seconds
+        # * (parts - 1) / parts, capped where the estimate is less than a few head starts.
+        lead = min(0.25, max(lead, HEAD_START_S * (parts - 1) / (parts * seconds)))
+    first = min(total - parts + 1, max(-(-total // parts), round(total * (1 / parts + lead))))
+    rest = total - first
+    return [(0, first)] + [(first + rest * i // (parts - 1), first + rest * (i + 1) // (parts - 1))
+                           for i in range(parts - 1)]
+
+
+class OnCaller:
+    """A step that `Pool.run_program` runs on the calling thread, outside its regions (it may take locks the
+    caller holds, or run a plan of its own)."""
+
+    def __init__(self, fn: Task) -> None:
+        self.fn = fn
+
+    def __call__(self) -> None:
+        self.fn()
+
+
+class Region:
+    """`pool.run(tasks)` as a step part that `Pool.run_program` can see into."""
+
+    def __init__(self, pool: Pool, tasks: list[Task]) -> None:
+        self.pool, self.tasks = pool, tasks
+
+    def __call__(self) -> None:
+        self.pool.run(self.tasks)
+
+
+class Phases:
+    """Two lists of tasks as one parallel region: task i runs firsts[i], waits until every task has run its first
+    part, then runs seconds[i]. Against two `Pool.run`s this saves a hand-off: the worker does not go back to
+    the queue to be woken again (~40 us), and where it finishes the first phase last the caller is not woken
+    from its wait for it either; only the thread that reaches the barrier first waits.
+
+    Every task must run on a thread of its own, all at once (or the first would wait for ever): no more tasks
+    than the pool has threads, which `Pool.run` hands the job to together."""
+
+    def __init__(self, pool: Pool, firsts: list[Task], seconds: list[Task]) -> None:
+        assert len(firsts) == len(seconds) <= pool.size
+        self._pool = pool
+        self._barrier = threading.Barrier(len(firsts))
+        self._firsts, self._seconds = firsts, seconds
+        self._tasks = [self._task(f, s) for f, s in zip(firsts, seconds, strict=True)]
+
+    def _task(self, first: Task, second: Task) -> Task:
+        def run() -> None:
+            try:
+                first()
+            except BaseException:
+                self._barrier.abort()  # the others stop waiting; Pool.run raises this exception
+                raise
+            try:
+                self._barrier.wait()
+            except threading.BrokenBarrierError:
+                return  # another task's first part failed
+            second()
+
+        return run
+
+    def __call__(self) -> None:
+        if self._barrier.broken:  # a failed run before this one
+            self._barrier.reset()
+        self._pool.run(self._tasks)
+
+    def regions(self) -> list[Region]:
+        """The two phases as regions, for Pool.run_program (which puts a barrier between any two)."""
+        return [Region(self._pool, self._firsts), Region(self._pool, self._seconds)]
+
+
+class _Gang:
+    """One run of Pool.run_program: the caller and the workers that pick the job up step through the regions
+    together. Per region: claim its tasks one by one (the first claimed is the largest: see spans), then meet
+    at a barrier, whose last arriver runs the region's serial followers before releasing the others.
+
+    A barrier waits for the threads that have joined only: a worker joins at the region the gang is at when it
+    picks the job up (or not at all, busy elsewhere or lost), so the caller never waits for one that is not
+    coming."""
+
+    def __init__(self, program: list[tuple[Region, list[Task]]]) -> None:
+        self.program = program
+        self.counters = [itertools.count() for _ in program]
+        self.errors: list[BaseException] = []
+        self._cond = threading.Condition()
+        self._joined = 0
+        self._arrived = 0
+        self._at = 0  # the region the gang is at (barriers passed)
+
+    def play(self) -> None:
+        with self._cond:
+            self._joined += 1
+            start = self._at
+        for r in range(start, len(self.program)):
+            tasks, after = self.program[r][0].tasks, self.program[r][1]
+            counter = self.counters[r]
+            while not self.errors and (i := next(counter)) < len(tasks):
+                try:
+                    tasks[i]()
+                except BaseException as e:  # re-raised in the caller
+                    self.errors.append(e)
+            self._meet(after)
+
+    def _meet(self, after: list[Task]) -> None:
+        with self._cond:
+            self._arrived += 1
+            if self._arrived == self._joined:
+                for fn in after:
+                    if self.errors:
+                        break
+                    try:
+                        fn()
+                    except BaseException as e:
+                        self.errors.append(e)
+                self._arrived = 0
+                self._at += 1
+                self._cond.notify_all()
+            else:
+                at = self._at
+                while at == self._at:
+                    self._cond.wait()
 
 
 _lock = threading.Lock()

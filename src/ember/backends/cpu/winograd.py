@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ...ops import winograd
+from . import parallel
 
 Step = Callable[[], None]
 Prog = list[tuple[Any, tuple, np.ndarray | None]]  # (ufunc or function, args, out= or None)
@@ -75,7 +76,7 @@ class Layout:
         self.sizes: dict[str, int] = {}
         self.elems = 0
         # The output channels may be split into kparts ranges, each one task (products and output transform).
-        self.kranges = _ranges(k, kparts)
+        self.kranges = _ranges(k, kparts, a * a * k * c * self.cols / parallel.MACS_PER_S)
         # The padded input split by phases (xq) is each conv's own, outside the scratch (build): its padding
         # zeros are written once. cols dies once v is made, v once the products ran (all of them: z may reuse
         # it only with one task); y reuses cols' space where it fits.
@@ -165,7 +166,7 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
     # The channels split into `cparts` ranges, each transformed by its own step (for the pool's threads): the
     # transforms never mix channels; tile runs end a grid position (row) short of a range's end, where they
     # would read the next range's first column (row), and that garbage column (row) is zeroed instead.
-    for c0, c1 in _ranges(c, cparts):
+    for c0, c1 in _ranges(c, cparts, a * a * cg * parallel.TRANSFORM_S):
         copies = []
         for rph, nr, r0, r1 in _phase_groups(m, top, lay.h, hq):
             for cph, nc, g0, g1 in _phase_groups(m, left, lay.w, wq):
@@ -349,9 +350,8 @@ def split(xshape: tuple[int, ...], k: int, out_hw: tuple[int, int], pads: tuple[
     return out
 
 
-def _ranges(total: int, parts: int) -> list[tuple[int, int]]:
-    parts = max(1, min(parts, total))
-    return [(total * i // parts, total * (i + 1) // parts) for i in range(parts)]
+# One range per thread, the calling thread's first and a little larger (parallel.LEAD).
+_ranges = parallel.spans
 
 
 def choose(n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
