@@ -39,20 +39,21 @@ PROFILE_WARMUP_S = 0.05  # see profile()
 SHARED_SCRATCH = os.environ.get("EMBER_SHARED_SCRATCH", "1") not in ("", "0")
 
 
-def _env_mib(name: str, default: int) -> int:
+def _env_amount(name: str, default: float, unit: str) -> float:
+    """A non-negative number of `unit` from environment variable `name` (`default` when unset or empty)."""
     text = os.environ.get(name, "").strip()
     if not text:
-        return default << 20
+        return default
     try:
-        mib = int(text)
+        value = float(text)
     except ValueError:
-        raise ValueError(f"{name} must be a whole number of MiB, got {text!r}") from None
-    if mib < 0:
+        raise ValueError(f"{name} must be a number of {unit}, got {text!r}") from None
+    if not value >= 0:
         raise ValueError(f"{name} must be >= 0, got {text!r}")
-    return mib << 20
+    return value
 
 
-SCRATCH_PRIVATE_BYTES = _env_mib("EMBER_SCRATCH_PRIVATE_MB", 256)
+SCRATCH_PRIVATE_BYTES = int(_env_amount("EMBER_SCRATCH_PRIVATE_MB", 256, "MiB") * (1 << 20))
 PROFILE_REPS = 3
 # gpu_time keeps stamping runs for at least this long and reports the fastest: an H200 idle for a few seconds
 # (say while a model compiles) read ResNet-18 batch 8 at 7.6 ms for ~0.5 s of stamped runs, then 1.5 ms.
@@ -65,18 +66,7 @@ _LIBF: Any = None
 _MAP_CALLBACK: Any = None
 # On a hardware GPU a readback wait first polls the device without blocking for up to this long, then sleeps in the
 # driver's fence wait: waking from that sleep costs a run of a millisecond or two a visible slice of its time.
-def _env_spin_s() -> float:
-    text = os.environ.get("EMBER_WAIT_SPIN_US", "").strip() or "3000"
-    try:
-        us = float(text)
-    except ValueError:
-        raise ValueError(f"EMBER_WAIT_SPIN_US must be a number of microseconds, got {text!r}") from None
-    if not us >= 0:
-        raise ValueError(f"EMBER_WAIT_SPIN_US must be >= 0, got {text!r}")
-    return us * 1e-6
-
-
-WAIT_SPIN_S = _env_spin_s()
+WAIT_SPIN_S = _env_amount("EMBER_WAIT_SPIN_US", 3000, "microseconds") * 1e-6
 
 
 def _raw_lib() -> Any:
