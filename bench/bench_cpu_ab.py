@@ -16,7 +16,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -26,6 +25,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_cpu import pct, timed  # noqa: E402
 
 import ember  # noqa: E402
 
@@ -79,19 +81,6 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
-
-
-def timed(fn: Callable[[], object], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) * 1e3)
-    return out
-
-
-def pct(xs: list[float], q: int) -> float:
-    return sorted(xs)[len(xs) * q // 100]
 
 
 if __name__ == "__main__":

@@ -301,6 +301,23 @@ def test_winograd_tile_rule(wgpu_be: ember.ComputeBackend, monkeypatch: pytest.M
     assert be.winograd_tile(1, 64, 64, 56, 56, F32) is None
 
 
+def _split_k_convs(be: ember.ComputeBackend, rng: np.random.Generator, count: int) -> tuple[list, ...]:
+    """`count` F(2,3) conv problems with split-K products (256 channels at 5x5): the inputs and filters, and
+    their device views (x, transformed filter, NaN-poisoned out)."""
+    xs = [rng.standard_normal((1, 256, 5, 5)).astype(np.float32) for _ in range(count)]
+    ws = [rng.standard_normal((16, 256, 3, 3)).astype(np.float32) for _ in range(count)]
+    hx = [put(be, x) for x in xs]
+    hu = [put(be, wg.transform_weights(w, 2)) for w in ws]
+    outs = [put(be, np.full((1, 16, 5, 5), np.nan)) for _ in range(count)]
+    return xs, ws, hx, hu, outs
+
+
+def _check_split_k_convs(be: ember.ComputeBackend, xs: list, ws: list, outs: list) -> None:
+    for x, w, o in zip(xs, ws, outs, strict=True):
+        ref = oracle(x, w, None, (1, 1, 1, 1))
+        assert rel(whole(be, o, 0).reshape(ref.shape), ref) <= 1e-5
+
+
 def test_scratch_shared_between_convs(be: ember.ComputeBackend, rng: np.random.Generator,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Convs recorded one after another share V, M and the split-K partial sums (backend.scratch): the second,
@@ -309,11 +326,7 @@ def test_scratch_shared_between_convs(be: ember.ComputeBackend, rng: np.random.G
 
     monkeypatch.setattr(wb, "SHARED_SCRATCH", True)  # the default; EMBER_SHARED_SCRATCH=0 turns it off
     monkeypatch.setattr(wb, "SCRATCH_PRIVATE_BYTES", 0)  # past the private budget from the start
-    xs = [rng.standard_normal((1, 256, 5, 5)).astype(np.float32) for _ in range(2)]
-    ws = [rng.standard_normal((16, 256, 3, 3)).astype(np.float32) for _ in range(2)]
-    hx = [put(be, x) for x in xs]
-    hu = [put(be, wg.transform_weights(w, 2)) for w in ws]
-    outs = [put(be, np.full((1, 16, 5, 5), np.nan)) for _ in range(2)]
+    xs, ws, hx, hu, outs = _split_k_convs(be, rng, 2)
     try:
         first = be.record_conv_winograd(hx[0], hu[0], None, outs[0], (1, 1, 1, 1), 2)
         second = be.record_conv_winograd(hx[1], hu[1], None, outs[1], (1, 1, 1, 1), 2)
@@ -324,9 +337,7 @@ def test_scratch_shared_between_convs(be: ember.ComputeBackend, rng: np.random.G
 
         assert len(scratch(first)) >= 4 and scratch(first) == scratch(second)
         be.execute(first + second)
-        for x, w, o in zip(xs, ws, outs, strict=True):
-            ref = oracle(x, w, None, (1, 1, 1, 1))
-            assert rel(whole(be, o, 0).reshape(ref.shape), ref) <= 1e-5
+        _check_split_k_convs(be, xs, ws, outs)
     finally:
         for v in [*hx, *hu, *outs]:
             be.free(v.handle)
@@ -340,11 +351,7 @@ def test_scratch_private_within_budget(be: ember.ComputeBackend, rng: np.random.
 
     gc.collect()
     monkeypatch.setattr(wb, "SHARED_SCRATCH", True)
-    xs = [rng.standard_normal((1, 256, 5, 5)).astype(np.float32) for _ in range(4)]
-    ws = [rng.standard_normal((16, 256, 3, 3)).astype(np.float32) for _ in range(4)]
-    hx = [put(be, x) for x in xs]
-    hu = [put(be, wg.transform_weights(w, 2)) for w in ws]
-    outs = [put(be, np.full((1, 16, 5, 5), np.nan)) for _ in range(4)]
+    xs, ws, hx, hu, outs = _split_k_convs(be, rng, 4)
 
     def scratch(steps: list) -> list:
         return [b for st in steps for b in st.keep]
@@ -363,9 +370,7 @@ def test_scratch_private_within_budget(be: ember.ComputeBackend, rng: np.random.
         assert not ids[0] & ids[1] and not ids[2] & (ids[0] | ids[1]), "within the budget, buffers of their own"
         assert ids[3] == ids[2], "past the budget, later convs share one buffer per role"
         be.execute([st for s in steps for st in s])
-        for x, w, o in zip(xs, ws, outs, strict=True):
-            ref = oracle(x, w, None, (1, 1, 1, 1))
-            assert rel(whole(be, o, 0).reshape(ref.shape), ref) <= 1e-5
+        _check_split_k_convs(be, xs, ws, outs)
     finally:
         for v in [*hx, *hu, *outs]:
             be.free(v.handle)
