@@ -2,6 +2,8 @@
 
 - 1x1, stride 1, no padding, one group: a batched matmul (weights broadcast over the batch).
 - depthwise (C/groups == 1, groups == C): kernels/conv_depthwise.wgsl, one output per thread.
+- few input channels and a large window (an image model's stem): kernels/conv_direct.wgsl, input patch and
+  filter staged in workgroup memory (direct_fits says which).
 - everything else: implicit GEMM with matmul.py's generated tiled kernel, per group on grid z:
   out[n, g*Kg + m, p, q] = sum_kk W[g*Kg + m, kk] * X(kk; n, p, q), M = Kg, N = batch*P*Q, K = Cg*R*S, where the
   B operand is gathered from the input on the fly (no im2col buffer): column j -> (n, p, q) is decoded once per
@@ -11,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from ..base import View
@@ -33,6 +36,13 @@ from .matmul import (
 )
 
 DEPTHWISE_WORKGROUP = 256
+
+# conv_direct.wgsl: lanes are 16 output columns x 2 groups of `rt` rows, warps own 8 output channels each; the
+# filter slice in workgroup memory takes kt + 4 floats a tap (padding that spreads a warp's stores over banks).
+DIRECT_TQ = 16
+DIRECT_MAX_CRS, DIRECT_MIN_RS, DIRECT_MIN_WORKGROUPS = 64 * 4, 9, 512
+# EMBER_DIRECT_CONV=0 sends those convs to implicit GEMM too (to compare the two).
+DIRECT_CONV = os.environ.get("EMBER_DIRECT_CONV", "1") != "0"
 
 
 @dataclass
@@ -201,6 +211,9 @@ def record_conv(be: WgpuBackend, x: View, w: View, bias: View | None, out: View,
         return record_matmul(be, a, b, o, alpha=1.0, bias=bv, beta=1.0, act=act, residual=res3)
     if cs.cg == 1 and groups == cs.c:
         return _record_depthwise(be, cs, x, w, bias, out, act, types, res3)
+    g = direct_geometry(be, cs)
+    if g is not None:
+        return _record_direct(be, cs, g, x, w, bias, out, act, types, res3)
     return _record_implicit_gemm(be, cs, x, w, bias, out, act, types, res3)
 
 
@@ -278,3 +291,164 @@ def _record_depthwise(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: Vi
         SW=u(cs.sw), PT=f"{cs.pt}i", PL=f"{cs.pl}i", DH=u(cs.dh), DW=u(cs.dw),
         LOAD_X=binds.scalar(x.handle, x_idx), LOAD_W=binds.scalar(w.handle, f"{w.offset}u + wk + r * {u(cs.s)} + s"))
     return [be.dispatch(be.pipeline("conv_depthwise", src), binds.buffers(), grid, "conv_depthwise")]
+
+
+# ---- direct convolution for few input channels and a large window (kernels/conv_direct.wgsl) ----------------
+@dataclass(frozen=True)
+class DirectGeometry:
+    """Thread layout and workgroup-memory layout of conv_direct.wgsl for one conv shape."""
+
+    rt: int  # output rows per thread (two row groups per warp)
+    warps: int  # warps per workgroup, 8 output channels each
+    ph: int  # patch rows a tile reads
+    pw: int  # patch columns a tile reads
+    phl: int  # words per column phase (columns with the same remainder modulo the stride)
+    rstr: int  # words per patch row: SW phases, padded so the two row groups of a warp use different banks
+    nj: int  # input values one thread loads per filter column
+
+    @property
+    def tp(self) -> int:
+        return 2 * self.rt
+
+    @property
+    def kt(self) -> int:
+        return 8 * self.warps
+
+    @property
+    def wstr(self) -> int:
+        return self.kt + 4
+
+    @classmethod
+    def of(cls, cs: ConvShape, rt: int, warps: int) -> DirectGeometry:
+        ph = (2 * rt - 1) * cs.sh + (cs.r - 1) * cs.dh + 1
+        pw = (DIRECT_TQ - 1) * cs.sw + (cs.s - 1) * cs.dw + 1
+        phl = -(-pw // cs.sw)
+        # The warp's second row group reads rt*SH patch rows below the first: a row stride that puts it 16 banks
+        # away makes the two half-warps' reads conflict-free.
+        row_gap = rt * cs.sh
+        rstr = next((r for r in range(cs.sw * phl, cs.sw * phl + 32) if row_gap * r % 32 == 16),
+                    cs.sw * phl | 1)
+        return cls(rt, warps, ph, pw, phl, rstr, (rt - 1) * cs.sh + (cs.r - 1) * cs.dh + 1)
+
+    def smem_bytes(self, cs: ConvShape) -> int:
+        return 4 * (self.ph * self.rstr + cs.r * cs.s * self.wstr)
+
+    def grid(self, cs: ConvShape) -> tuple[int, int, int]:
+        return (-(-cs.p // self.tp) * -(-cs.q // DIRECT_TQ), cs.k // self.kt, cs.n)
+
+
+def direct_geometry(be: WgpuBackend, cs: ConvShape) -> DirectGeometry | None:
+    """conv_direct.wgsl's layout for this conv, or None where it does not take it: it wants one group, a short
+    K = C*R*S from a window of 9+ taps, output channels in whole warps, enough workgroups to fill a big GPU,
+    and a patch + filter slice that fit the adapter's workgroup memory."""
+    if not DIRECT_CONV or cs.groups != 1 or cs.k % 8:
+        return None
+    if cs.c * cs.r * cs.s > DIRECT_MAX_CRS or cs.r * cs.s < DIRECT_MIN_RS:
+        return None
+    # 4 rows a thread and 4 warps measured best for ResNet's stem at batch 1 and 8 on an H200 (bench_direct.py):
+    # 8 rows or 8 warps leave too few workgroups at batch 1, 2 rows reload the patch too often.
+    warps = 4 if cs.k % 32 == 0 else (2 if cs.k % 16 == 0 else 1)
+    g = DirectGeometry.of(cs, 4, warps)
+    grid = g.grid(cs)
+    limit = int(be.limits.get("max-compute-workgroup-storage-size", 16384))
+    if max(grid) > 65535 or g.smem_bytes(cs) > limit:
+        return None
+    # With few workgroups (ResNet-18's stem at batch 1: 196) the kernel alone was faster, but whole runs were
+    # slower (H200: 0.414 vs 0.407 ms GPU; MobileNetV2 batch 1 0.397 vs 0.392); at batch 8 (1568) 0.873 vs 0.883.
+    if grid[0] * grid[1] * grid[2] < DIRECT_MIN_WORKGROUPS:
+        return None
+    return g
+
+
+def _direct_body(cs: ConvShape, g: DirectGeometry, binds: Bindings, x: View, w: View) -> dict[str, str]:
+    rs, crs, hw, threads = cs.r * cs.s, cs.c * cs.r * cs.s, cs.h * cs.w, 32 * g.warps
+    i1, i2, i3 = " " * 8, " " * 12, " " * 16
+    # Bounds checks the patch can need: padding, or a last tile reaching past the image.
+    bounds = []
+    if cs.pt > 0 or (-(-cs.p // g.tp) * g.tp - 1) * cs.sh - cs.pt + (cs.r - 1) * cs.dh >= cs.h:
+        bounds.append(f"u32(ih) < {u(cs.h)}")
+    if cs.pl > 0 or (-(-cs.q // DIRECT_TQ) * DIRECT_TQ - 1) * cs.sw - cs.pl + (cs.s - 1) * cs.dw >= cs.w:
+        bounds.append(f"u32(iw) < {u(cs.w)}")
+    x_load = binds.scalar(x.handle, addr(x.offset, [("xc", hw)]) + f" + u32(ih) * {u(cs.w)} + u32(iw)")
+    load = [
+        f"{i1}let xc = img * {u(cs.c)} + c;",
+        f"{i1}for (var e = lid; e < {u(g.ph * g.pw)}; e += {u(threads)}) {{",
+        f"{i2}let row = e / {u(g.pw)};",
+        f"{i2}let col = e - row * {u(g.pw)};",
+        f"{i2}let ih = h0 + i32(row);",
+        f"{i2}let iw = w0 + i32(col);",
+        f"{i2}var v = 0.0;",
+        f"{i2}if ({' && '.join(bounds)}) {{ v = {x_load}; }}" if bounds else f"{i2}v = {x_load};",
+        f"{i2}xs[row * {u(g.rstr)} + (col % {u(cs.sw)}) * {u(g.phl)} + col / {u(cs.sw)}] = v;",
+        f"{i1}}}",
+        # The filter slice w[k0 .. k0+KT, c, :, :] is KT runs of R*S contiguous words: read along the runs and
+        # store tap-major one word at a time (the products read whole vec4s).
+        f"{i1}for (var e = lid; e < {u(g.kt * rs)}; e += {u(threads)}) {{",
+        f"{i2}let k = e / {u(rs)};",
+        f"{i2}let t = e - k * {u(rs)};",
+        f"{i2}let wi = t * {u(g.wstr)} + k;",
+        f"{i2}ws[wi >> 2u][wi & 3u] = "
+        f"{binds.scalar(w.handle, addr(w.offset, [('(k0 + k)', crs), ('c', rs), ('t', 1)]))};",
+        f"{i1}}}",
+    ]
+    compute = []
+    for kx in range(cs.s):
+        phase, off = (kx * cs.dw) % cs.sw, (kx * cs.dw) // cs.sw
+        compute.append(f"{i1}{{")
+        compute += [f"{i2}let x{j} = xs[row0 + {u(j * g.rstr + phase * g.phl + off)}];" for j in range(g.nj)]
+        for ky in range(cs.r):
+            wv = (ky * cs.s + kx) * g.wstr // 4
+            compute.append(f"{i2}{{")
+            compute.append(f"{i3}let wa = ws[w0i + {u(wv)}];")
+            compute.append(f"{i3}let wb = ws[w0i + {u(wv + 1)}];")
+            for i in range(g.rt):
+                a = f"vec4<f32>(x{i * cs.sh + ky * cs.dh})"
+                compute.append(f"{i3}acc{i}a = fma({a}, wa, acc{i}a);")
+                compute.append(f"{i3}acc{i}b = fma({a}, wb, acc{i}b);")
+            compute.append(f"{i2}}}")
+        compute.append(f"{i1}}}")
+    decls = [f"    var acc{i}{h} = vec4<f32>(0.0);" for i in range(g.rt) for h in "ab"]
+    store = [f"    let q = tile_q * {u(DIRECT_TQ)} + ql;",
+             f"    let p0 = tile_p * {u(g.tp)} + rg * {u(g.rt)};",
+             "    let m0 = k0 + cg * 8u;",
+             f"    if (q < {u(cs.q)}) {{"]
+    for i in range(g.rt):
+        store.append(f"        if (p0 + {u(i)} < {u(cs.p)}) {{")
+        store.append(f"            let n = (p0 + {u(i)}) * {u(cs.q)} + q;")
+        store += [f"            epi(acc{i}{'ab'[ch // 4]}[{ch % 4}], img, m0 + {u(ch)}, n);" for ch in range(8)]
+        store.append("        }")
+    store.append("    }")
+    return {"LOAD": "\n".join(load), "COMPUTE": "\n".join(compute), "DECLS": "\n".join(decls),
+            "STORE": "\n".join(store), "ROW0": f"rg * {u(g.rt * cs.sh * g.rstr)} + ql"}
+
+
+def _record_direct(be: WgpuBackend, cs: ConvShape, g: DirectGeometry, x: View, w: View, bias: View | None,
+                   out: View, act: Expr | None, types: dict[int, str], res3: View | None) -> list:
+    binds = Bindings(out.handle, types=types)
+    binds.add(x.handle, False)
+    binds.add(w.handle, False)
+    for v in (bias, res3):
+        if v is not None:
+            binds.add(v.handle, False)
+    pq = cs.p * cs.q
+    ep = Epilogue(addr(out.offset, [("z", cs.k * pq), ("m", pq), ("n", 1)]), act=act)
+    if bias is not None:
+        ep.bias_index = addr(bias.offset, [("m", bias.strides[0])])
+        ep.bias_handle = bias.handle
+    if res3 is not None:
+        ep.residual_index = addr(res3.offset, list(zip("zmn", res3.strides, strict=True)))
+        ep.residual_handle = res3.handle
+    grid = g.grid(cs)
+    header = "\n".join([
+        f"// ember direct conv: x {(cs.n, cs.c, cs.h, cs.w)}, w {(cs.k, cs.c, cs.r, cs.s)}, stride {(cs.sh, cs.sw)}, "
+        f"pads top/left {(cs.pt, cs.pl)}, dilation {(cs.dh, cs.dw)} -> P x Q {cs.p}x{cs.q}",
+        "// Bindings (group 0):", *binds.comment(),
+        f"// Dispatch grid: {grid} = (ceil(P/{g.tp}) * ceil(Q/{DIRECT_TQ}) output tiles, K/{g.kt}, N), "
+        f"{32 * g.warps} threads"])
+    src = be.kernel_source(
+        "conv_direct", HEADER=header, PRELUDE=PRELUDE, BINDINGS="\n".join(binds.declarations()),
+        EPILOGUE=ep.function(binds), THREADS=32 * g.warps, KT=u(g.kt), TILES_Q=u(-(-cs.q // DIRECT_TQ)),
+        TP=u(g.tp), TQ=u(DIRECT_TQ), SH=u(cs.sh), SW=u(cs.sw), PT=f"{cs.pt}i", PL=f"{cs.pl}i", C=u(cs.c),
+        XS_SIZE=g.ph * g.rstr,
+        WS_VEC4=cs.r * cs.s * g.wstr // 4, **_direct_body(cs, g, binds, x, w))
+    return [be.dispatch(be.pipeline("conv_direct", src), binds.buffers(), grid, "conv_direct")]

@@ -1,0 +1,47 @@
+${HEADER}
+// Direct 2-D convolution (template, filled by conv.py's _record_direct) for convs with few input channels and
+// a large window, such as the stem of image models (3 -> 64 channels, 7x7, stride 2): there implicit GEMM's
+// K = C*R*S is short and its gather of the input dominates.
+//
+// A workgroup of WARPS warps computes a TP x 16 tile of output pixels of one image for KT = 8 * WARPS output
+// channels. Per input channel it stages in workgroup memory the input patch the tile reads (zero outside the
+// image; each row's columns split into SW phases, so that lanes with neighbouring output columns read
+// neighbouring words) and the KT x R x S filter slice, tap-major with KT + 4 floats a tap (the padding spreads
+// a warp's stores over 8 banks). Warp `cg` owns channels cg*8 .. +8, so its filter loads are vec4 broadcasts;
+// its lanes own 16 consecutive output columns (stores coalesce) in two groups of RT = TP/2 rows. A thread loads
+// a filter column's input values once ((RT-1)*SH + (R-1)*DH + 1 of them) and reuses each for up to R taps:
+// RT x 8 accumulators in named vec4s.
+// Dispatch grid: (ceil(P/TP) * ceil(Q/16), K/KT, N).
+// Placeholders: HEADER (bindings + grid comment), PRELUDE, BINDINGS, EPILOGUE (fn epi(acc, z = image,
+// m = channel, n = p*Q + q)), THREADS, KT, TILES_Q, TP, TQ, SH, SW, PT, PL, C, XS_SIZE, WS_VEC4, ROW0 (the
+// thread's first patch word), DECLS, LOAD (input channel c into xs and ws), COMPUTE, STORE.
+${PRELUDE}
+${BINDINGS}
+
+${EPILOGUE}
+
+var<workgroup> xs: array<f32, ${XS_SIZE}>;
+var<workgroup> ws: array<vec4<f32>, ${WS_VEC4}>;
+
+@compute @workgroup_size(${THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let tile_q = wid.x % ${TILES_Q};
+    let tile_p = wid.x / ${TILES_Q};
+    let k0 = wid.y * ${KT};
+    let img = wid.z;
+    let cg = lid >> 5u;
+    let ql = lid & 15u;
+    let rg = (lid >> 4u) & 1u;
+    let h0 = i32(tile_p * ${TP} * ${SH}) - ${PT};
+    let w0 = i32(tile_q * ${TQ} * ${SW}) - ${PL};
+    let row0 = ${ROW0};
+    let w0i = cg * 2u;
+${DECLS}
+    for (var c = 0u; c < ${C}; c++) {
+        workgroupBarrier();
+${LOAD}
+        workgroupBarrier();
+${COMPUTE}
+    }
+${STORE}
+}
