@@ -345,17 +345,19 @@ def direct_geometry(be: WgpuBackend, cs: ConvShape) -> DirectGeometry | None:
         return None
     if cs.c * cs.r * cs.s > DIRECT_MAX_CRS or cs.r * cs.s < DIRECT_MIN_RS:
         return None
-    # 4 rows a thread and 4 warps measured best for ResNet's stem at batch 1 and 8 on an H200 (bench_direct.py):
-    # 8 rows or 8 warps leave too few workgroups at batch 1, 2 rows reload the patch too often.
+    # 4 rows a thread and 4 warps (32 channels) a workgroup. ResNet's stem on an H200 (bench_direct.py): batch 8
+    # 62 us (implicit GEMM 87), batch 1 12 us (19). 8 rows ran the kernel alone at 59 us at batch 8 but the whole
+    # model ~10 us slower than 4 rows (0.898-0.899 against 0.884 ms GPU).
     warps = 4 if cs.k % 32 == 0 else (2 if cs.k % 16 == 0 else 1)
     g = DirectGeometry.of(cs, 4, warps)
     grid = g.grid(cs)
     limit = int(be.limits.get("max-compute-workgroup-storage-size", 16384))
     if max(grid) > 65535 or g.smem_bytes(cs) > limit:
         return None
-    # With few workgroups (ResNet-18's stem at batch 1: 196) the kernel alone was faster, but whole runs were
-    # slower (H200: 0.414 vs 0.407 ms GPU; MobileNetV2 batch 1 0.397 vs 0.392); at batch 8 (1568) 0.873 vs 0.883.
-    if grid[0] * grid[1] * grid[2] < DIRECT_MIN_WORKGROUPS:
+    # With few workgroups (ResNet-18's stem at batch 1: 196) the kernel alone is faster, but whole runs were
+    # slower, for reasons not found (H200 GPU time: ResNet-18 batch 1 0.406-0.407 vs 0.382-0.384 ms, MobileNetV2
+    # batch 1 0.390-0.391 vs 0.387-0.397); at batch 8 (1568 workgroups) 0.884 vs 0.900.
+    if math.prod(grid) < DIRECT_MIN_WORKGROUPS:
         return None
     return g
 
@@ -370,27 +372,45 @@ def _direct_body(cs: ConvShape, g: DirectGeometry, binds: Bindings, x: View, w: 
     if cs.pl > 0 or (-(-cs.q // DIRECT_TQ) * DIRECT_TQ - 1) * cs.sw - cs.pl + (cs.s - 1) * cs.dw >= cs.w:
         bounds.append(f"u32(iw) < {u(cs.w)}")
     x_load = binds.scalar(x.handle, addr(x.offset, [("xc", hw)]) + f" + u32(ih) * {u(cs.w)} + u32(iw)")
-    load = [
-        f"{i1}let xc = img * {u(cs.c)} + c;",
-        f"{i1}for (var e = lid; e < {u(g.ph * g.pw)}; e += {u(threads)}) {{",
-        f"{i2}let row = e / {u(g.pw)};",
-        f"{i2}let col = e - row * {u(g.pw)};",
-        f"{i2}let ih = h0 + i32(row);",
-        f"{i2}let iw = w0 + i32(col);",
-        f"{i2}var v = 0.0;",
-        f"{i2}if ({' && '.join(bounds)}) {{ v = {x_load}; }}" if bounds else f"{i2}v = {x_load};",
-        f"{i2}xs[row * {u(g.rstr)} + (col % {u(cs.sw)}) * {u(g.phl)} + col / {u(cs.sw)}] = v;",
-        f"{i1}}}",
-        # The filter slice w[k0 .. k0+KT, c, :, :] is KT runs of R*S contiguous words: read along the runs and
-        # store tap-major one word at a time (the products read whole vec4s).
-        f"{i1}for (var e = lid; e < {u(g.kt * rs)}; e += {u(threads)}) {{",
-        f"{i2}let k = e / {u(rs)};",
-        f"{i2}let t = e - k * {u(rs)};",
-        f"{i2}let wi = t * {u(g.wstr)} + k;",
-        f"{i2}ws[wi >> 2u][wi & 3u] = "
-        f"{binds.scalar(w.handle, addr(w.offset, [('(k0 + k)', crs), ('c', rs), ('t', 1)]))};",
-        f"{i1}}}",
-    ]
+    # Each thread moves n_patch patch words and n_filter filter words a channel. They are loaded into registers
+    # one channel ahead (the global loads are in flight while the products of the current channel run) and
+    # stored to workgroup memory between two barriers.
+    n_patch, n_filter = g.ph * g.pw, g.kt * rs
+
+    def each(total: int, body: list[str], ind: str) -> list[str]:
+        lines = []
+        for i in range(-(-total // threads)):
+            guard = (i + 1) * threads > total
+            lines.append(f"{ind}{{")
+            lines.append(f"{ind}    let e = lid + {u(i * threads)};")
+            inner = [line.replace("{i}", str(i)) for line in body]
+            if guard:
+                lines.append(f"{ind}    if (e < {u(total)}) {{")
+                lines += [f"{ind}        {line}" for line in inner]
+                lines.append(f"{ind}    }}")
+            else:
+                lines += [f"{ind}    {line}" for line in inner]
+            lines.append(f"{ind}}}")
+        return lines
+
+    patch_at = [f"let row = e / {u(g.pw)};", f"let col = e - row * {u(g.pw)};"]
+    # The filter slice w[k0 .. k0+KT, c, :, :] is KT runs of R*S contiguous words: read along the runs and
+    # store tap-major one word at a time (the products read whole vec4s).
+    filter_at = [f"let k = e / {u(rs)};", f"let t = e - k * {u(rs)};"]
+
+    def load(ch: str, ind: str) -> list[str]:
+        get_x = f"if ({' && '.join(bounds)}) {{ pr{{i}} = {x_load}; }}" if bounds else f"pr{{i}} = {x_load};"
+        w_load = binds.scalar(w.handle, addr(w.offset, [("(k0 + k)", crs), (ch, rs), ("t", 1)]))
+        return ([f"{ind}let xc = img * {u(cs.c)} + {ch};"]
+                + each(n_patch, [*patch_at, "let ih = h0 + i32(row);", "let iw = w0 + i32(col);", "pr{i} = 0.0;",
+                                 get_x], ind)
+                + each(n_filter, [*filter_at, f"wr{{i}} = {w_load};"], ind))
+
+    store = (each(n_patch, [*patch_at, f"xs[row * {u(g.rstr)} + (col % {u(cs.sw)}) * {u(g.phl)} + col / {u(cs.sw)}]"
+                                       " = pr{i};"], i2)
+             + each(n_filter, [*filter_at, f"let wi = t * {u(g.wstr)} + k;", "ws[wi >> 2u][wi & 3u] = wr{i};"], i2))
+    regs = ([f"    var pr{i}: f32;" for i in range(-(-n_patch // threads))]
+            + [f"    var wr{i}: f32;" for i in range(-(-n_filter // threads))])
     compute = []
     for kx in range(cs.s):
         phase, off = (kx * cs.dw) % cs.sw, (kx * cs.dw) // cs.sw
@@ -407,19 +427,21 @@ def _direct_body(cs: ConvShape, g: DirectGeometry, binds: Bindings, x: View, w: 
                 compute.append(f"{i3}acc{i}b = fma({a}, wb, acc{i}b);")
             compute.append(f"{i2}}}")
         compute.append(f"{i1}}}")
-    decls = [f"    var acc{i}{h} = vec4<f32>(0.0);" for i in range(g.rt) for h in "ab"]
-    store = [f"    let q = tile_q * {u(DIRECT_TQ)} + ql;",
-             f"    let p0 = tile_p * {u(g.tp)} + rg * {u(g.rt)};",
-             "    let m0 = k0 + cg * 8u;",
-             f"    if (q < {u(cs.q)}) {{"]
+    decls = [f"    var acc{i}{h} = vec4<f32>(0.0);" for i in range(g.rt) for h in "ab"] + regs
+    out_store = [f"    let q = tile_q * {u(DIRECT_TQ)} + ql;",
+                 f"    let p0 = tile_p * {u(g.tp)} + rg * {u(g.rt)};",
+                 "    let m0 = k0 + cg * 8u;",
+                 f"    if (q < {u(cs.q)}) {{"]
     for i in range(g.rt):
-        store.append(f"        if (p0 + {u(i)} < {u(cs.p)}) {{")
-        store.append(f"            let n = (p0 + {u(i)}) * {u(cs.q)} + q;")
-        store += [f"            epi(acc{i}{'ab'[ch // 4]}[{ch % 4}], img, m0 + {u(ch)}, n);" for ch in range(8)]
-        store.append("        }")
-    store.append("    }")
-    return {"LOAD": "\n".join(load), "COMPUTE": "\n".join(compute), "DECLS": "\n".join(decls),
-            "STORE": "\n".join(store), "ROW0": f"rg * {u(g.rt * cs.sh * g.rstr)} + ql"}
+        out_store.append(f"        if (p0 + {u(i)} < {u(cs.p)}) {{")
+        out_store.append(f"            let n = (p0 + {u(i)}) * {u(cs.q)} + q;")
+        out_store += [f"            epi(acc{i}{'ab'[ch // 4]}[{ch % 4}], img, m0 + {u(ch)}, n);" for ch in range(8)]
+        out_store.append("        }")
+    out_store.append("    }")
+    return {"LOAD_FIRST": "\n".join(load("0u", "    ")), "LOAD_NEXT": "\n".join(load("(c + 1u)", i2)),
+            "STORE": "\n".join(store), "STORE_FIRST": "\n".join(line[4:] for line in store),
+            "COMPUTE": "\n".join(compute), "DECLS": "\n".join(decls),
+            "EPILOGUE_STORE": "\n".join(out_store), "ROW0": f"rg * {u(g.rt * cs.sh * g.rstr)} + ql"}
 
 
 def _record_direct(be: WgpuBackend, cs: ConvShape, g: DirectGeometry, x: View, w: View, bias: View | None,

@@ -10,11 +10,13 @@ ${HEADER}
 // a warp's stores over 8 banks). Warp `cg` owns channels cg*8 .. +8, so its filter loads are vec4 broadcasts;
 // its lanes own 16 consecutive output columns (stores coalesce) in two groups of RT = TP/2 rows. A thread loads
 // a filter column's input values once ((RT-1)*SH + (R-1)*DH + 1 of them) and reuses each for up to R taps:
-// RT x 8 accumulators in named vec4s.
+// RT x 8 accumulators in named vec4s. The next channel's patch and filter words are loaded into registers
+// before the current channel's products (the global loads are then in flight while they run).
 // Dispatch grid: (ceil(P/TP) * ceil(Q/16), K/KT, N).
 // Placeholders: HEADER (bindings + grid comment), PRELUDE, BINDINGS, EPILOGUE (fn epi(acc, z = image,
 // m = channel, n = p*Q + q)), THREADS, KT, TILES_Q, TP, TQ, SH, SW, PT, PL, C, XS_SIZE, WS_VEC4, ROW0 (the
-// thread's first patch word), DECLS, LOAD (input channel c into xs and ws), COMPUTE, STORE.
+// thread's first patch word), DECLS, LOAD_FIRST / LOAD_NEXT (channel 0 / c + 1 into the thread's registers),
+// STORE_FIRST / STORE (those registers into xs and ws), COMPUTE (channel c's products), EPILOGUE_STORE.
 ${PRELUDE}
 ${BINDINGS}
 
@@ -37,11 +39,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let row0 = ${ROW0};
     let w0i = cg * 2u;
 ${DECLS}
+${LOAD_FIRST}
+${STORE_FIRST}
+    workgroupBarrier();
     for (var c = 0u; c < ${C}; c++) {
-        workgroupBarrier();
-${LOAD}
-        workgroupBarrier();
+        if (c + 1u < ${C}) {
+${LOAD_NEXT}
+        }
 ${COMPUTE}
-    }
+        workgroupBarrier();
+        if (c + 1u < ${C}) {
 ${STORE}
+        }
+        workgroupBarrier();
+    }
+${EPILOGUE_STORE}
 }
