@@ -170,8 +170,13 @@ def export(model: Any, inputs: dict[str, np.ndarray], name: str, opset: int = 17
                               input_names=list(inputs), output_names=["y"])
 
     shapes = "_".join("x".join(map(str, v.shape)) for v in inputs.values())
-    digest = hashlib.sha256(Path(__file__).read_bytes() + shapes.encode()).hexdigest()[:8]
-    return _cached(f"{name}-{digest}", write)
+    # The module's structure and weights are part of the key: a builder that changed (bench_models' MobileNetV2
+    # once got random BatchNorm statistics) must not find its older export under the same name.
+    h = hashlib.sha256(Path(__file__).read_bytes() + shapes.encode() + repr(model).encode())
+    for key, value in model.state_dict().items():
+        h.update(key.encode())
+        h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return _cached(f"{name}-{h.hexdigest()[:8]}", write)
 
 
 def reference(model: Any, inputs: dict[str, np.ndarray]) -> np.ndarray:
