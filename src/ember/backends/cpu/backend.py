@@ -96,11 +96,22 @@ class CpuBackend(ComputeBackend):
             return
         # The steps' parallel regions as one (Pool.run_program): a barrier between two, not a hand-off to the
         # workers and back. The scratch stays locked throughout (the steps' own locking is bypassed).
+        # Two consecutive steps that touch disjoint memory (their `access`) share one region.
         with parallel.one_blas_thread(), self._scratch.lock:
             items: list = []
+            last: tuple[parallel.Access, int] | None = None  # the previous step's access, where its items start
             for step in steps:
                 program = getattr(step, "program", None)
-                items += program() if program is not None else [parallel.OnCaller(step)]
+                part = program() if program is not None else [parallel.OnCaller(step)]
+                access = getattr(step, "access", None)
+                if last is not None and access is not None and not access.conflicts(last[0]):
+                    merged = parallel.merge_regions(items[last[1]:], part)
+                    if merged is not None:
+                        items[last[1]:] = merged
+                        last = None  # two at most: a third would have to be checked against both
+                        continue
+                last = (access, len(items)) if access is not None else None
+                items += part
             pool.run_program(items)
 
     def array(self, v: View) -> np.ndarray:
@@ -289,6 +300,27 @@ class CpuBackend(ComputeBackend):
             def build(_: np.ndarray | None) -> list[Step]:
                 per = 1 if n >= parts else parts
                 return run_tasks([t for i in range(n) for t in products(wmat, xmat[i], omat[i], 0, per)])
+        elif groups == 1 and r == s == 1 and not any(pads):
+            # 1x1 strided (a ResNet shortcut): each task copies the input positions it reads (all, where it
+            # takes a range of output channels; else its rows of them) into memory of its own and multiplies
+            # that. No im2col and no shared scratch, so the step may share a parallel region with a sibling conv
+            # reading the same input (see execute).
+            wmat, omat = wv.reshape(k, c), dst.reshape(n, k, p * q)
+            sub = xv[:, :, ::sh, ::sw][:, :, :p, :q]
+
+            def strided(i: int, k0: int, k1: int, p0: int, p1: int) -> Step:
+                own = np.empty((c, p1 - p0, q), xv.dtype)
+                mul = product(wmat[k0:k1], own.reshape(c, -1), omat[i, k0:k1, p0 * q:p1 * q], slice(k0, k1))
+                return _seq(functools.partial(np.copyto, own, sub[i, :, p0:p1]), mul)
+
+            def build(_: np.ndarray | None) -> list[Step]:
+                if n >= parts:
+                    tasks = [strided(i, 0, k, 0, p) for i in range(n)]
+                elif by_k:
+                    tasks = [strided(i, k0, k1, 0, p) for i in range(n) for k0, k1 in _chunks(k, parts, secs)]
+                else:
+                    tasks = [strided(i, 0, k, p0, p1) for i in range(n) for p0, p1 in _chunks(p, parts, secs)]
+                return run_tasks(tasks)
         else:
             # im2col, then products writing the output in place. The column matrices live in the backend's
             # shared scratch buffer: ResNet-18's would take 40 MB apart, each written cold (2.5 ms a run).
@@ -352,7 +384,10 @@ class CpuBackend(ComputeBackend):
 
                 return [*run_tasks(tasks), total]
 
-        return [_scratch_step(scratch, build, first, last)]
+        step = _scratch_step(scratch, build, first, last)
+        res_v = self.array(residual) if residual is not None else None
+        step.access = parallel.Access([xv, wv, bv, res_v], [dst], scratch is not None)  # type: ignore[attr-defined]
+        return [step]
 
     def conv_maxpool_fits(self, xshape: tuple[int, ...], wshape: tuple[int, ...], out_shape: tuple[int, ...],
                           groups: int) -> bool:

@@ -137,6 +137,39 @@ def spans(total: int, parts: int, seconds: float | None = None) -> list[tuple[in
                            for i in range(parts - 1)]
 
 
+class Access:
+    """What a step reads and writes (each array's byte range) and whether it uses the backend's shared scratch:
+    two steps whose accesses do not conflict may run in one parallel region (`merge_regions`)."""
+
+    def __init__(self, reads: list[Any], writes: list[Any], scratch: bool) -> None:
+        from numpy.lib.array_utils import byte_bounds
+
+        self.reads = [byte_bounds(a) for a in reads if a is not None and a.size]
+        self.writes = [byte_bounds(a) for a in writes if a is not None and a.size]
+        self.scratch = scratch
+
+    def conflicts(self, other: Access) -> bool:
+        def overlap(xs: list[tuple[int, int]], ys: list[tuple[int, int]]) -> bool:
+            return any(a0 < b1 and b0 < a1 for a0, a1 in xs for b0, b1 in ys)
+
+        return ((self.scratch and other.scratch) or overlap(self.writes, other.reads + other.writes)
+                or overlap(other.writes, self.reads))
+
+
+def merge_regions(first: list[Any], second: list[Any]) -> list[Any] | None:
+    """Two independent steps' run_program items as one: the second's region's tasks join the first's (one
+    barrier instead of two, and either thread takes the other's share when it finishes early), its serial
+    followers run after the first's. Only for steps of one region each, the second with nothing before it
+    (ResNet's strided conv and its 1x1 shortcut, both reading the block's input); None otherwise."""
+    regions = [i for i, x in enumerate(first) if isinstance(x, Region)]
+    if len(regions) != 1 or not second or not isinstance(second[0], Region):
+        return None
+    if any(isinstance(x, (Region, OnCaller)) for x in second[1:] + first[regions[0] + 1:]):
+        return None
+    i, region = regions[0], first[regions[0]]
+    return [*first[:i], Region(region.pool, region.tasks + second[0].tasks), *first[i + 1:], *second[1:]]
+
+
 class OnCaller:
     """A step that `Pool.run_program` runs on the calling thread, outside its regions (it may take locks the
     caller holds, or run a plan of its own)."""
