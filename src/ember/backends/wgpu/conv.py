@@ -346,17 +346,16 @@ def direct_geometry(be: WgpuBackend, cs: ConvShape) -> DirectGeometry | None:
     if cs.c * cs.r * cs.s > DIRECT_MAX_CRS or cs.r * cs.s < DIRECT_MIN_RS:
         return None
     # 4 rows a thread and 4 warps (32 channels) a workgroup. ResNet's stem on an H200 (bench_direct.py): batch 8
-    # 62 us (implicit GEMM 87), batch 1 12 us (19). 8 rows ran the kernel alone at 59 us at batch 8 but the whole
-    # model ~10 us slower than 4 rows (0.898-0.899 against 0.884 ms GPU).
+    # 59 us (implicit GEMM 87), batch 1 12 us (18).
     warps = 4 if cs.k % 32 == 0 else (2 if cs.k % 16 == 0 else 1)
     g = DirectGeometry.of(cs, 4, warps)
     grid = g.grid(cs)
     limit = int(be.limits.get("max-compute-workgroup-storage-size", 16384))
     if max(grid) > 65535 or g.smem_bytes(cs) > limit:
         return None
-    # With few workgroups (ResNet-18's stem at batch 1: 196) the kernel alone is faster, but whole runs were
-    # slower, for reasons not found (H200 GPU time: ResNet-18 batch 1 0.406-0.407 vs 0.382-0.384 ms, MobileNetV2
-    # batch 1 0.390-0.391 vs 0.387-0.397); at batch 8 (1568 workgroups) 0.884 vs 0.900.
+    # With few workgroups the whole-model gain is within noise or negative (H200 GPU time, one measurement each:
+    # ResNet-18 batch 1, 196 workgroups, 0.392 vs 0.396 ms; MobileNetV2 batch 1, 98, 0.398 vs 0.388); at batch 8
+    # (1568) 0.865 vs 0.889.
     if math.prod(grid) < DIRECT_MIN_WORKGROUPS:
         return None
     return g
@@ -411,22 +410,24 @@ def _direct_body(cs: ConvShape, g: DirectGeometry, binds: Bindings, x: View, w: 
              + each(n_filter, [*filter_at, f"let wi = t * {u(g.wstr)} + k;", "ws[wi >> 2u][wi & 3u] = wr{i};"], i2))
     regs = ([f"    var pr{i}: f32;" for i in range(-(-n_patch // threads))]
             + [f"    var wr{i}: f32;" for i in range(-(-n_filter // threads))])
-    compute = []
-    for kx in range(cs.s):
-        phase, off = (kx * cs.dw) % cs.sw, (kx * cs.dw) // cs.sw
-        compute.append(f"{i1}{{")
-        compute += [f"{i2}let x{j} = xs[row0 + {u(j * g.rstr + phase * g.phl + off)}];" for j in range(g.nj)]
-        for ky in range(cs.r):
-            wv = (ky * cs.s + kx) * g.wstr // 4
-            compute.append(f"{i2}{{")
-            compute.append(f"{i3}let wa = ws[w0i + {u(wv)}];")
-            compute.append(f"{i3}let wb = ws[w0i + {u(wv + 1)}];")
-            for i in range(g.rt):
-                a = f"vec4<f32>(x{i * cs.sh + ky * cs.dh})"
-                compute.append(f"{i3}acc{i}a = fma({a}, wa, acc{i}a);")
-                compute.append(f"{i3}acc{i}b = fma({a}, wb, acc{i}b);")
-            compute.append(f"{i2}}}")
-        compute.append(f"{i1}}}")
+    # The filter columns kx run as a loop, the taps ky of one column unrolled. Fully unrolled (7x the code) the
+    # kernel won alone but lost in whole models, where it starts with cold instruction caches: ResNet-18 batch 1
+    # GPU 0.407 against 0.383 ms with implicit GEMM; with the loop 0.392 against 0.396, batch 8 0.865 vs 0.889.
+    wq = g.wstr // 4
+    compute = [f"{i1}for (var kx = 0u; kx < {u(cs.s)}; kx++) {{",
+               f"{i2}let xo = row0 + ((kx * {u(cs.dw)}) % {u(cs.sw)}) * {u(g.phl)} + (kx * {u(cs.dw)}) / {u(cs.sw)};",
+               f"{i2}let wo = w0i + kx * {u(wq)};"]
+    compute += [f"{i2}let x{j} = xs[xo + {u(j * g.rstr)}];" for j in range(g.nj)]
+    for ky in range(cs.r):
+        compute.append(f"{i2}{{")
+        compute.append(f"{i3}let wa = ws[wo + {u(ky * cs.s * wq)}];")
+        compute.append(f"{i3}let wb = ws[wo + {u(ky * cs.s * wq + 1)}];")
+        for i in range(g.rt):
+            a = f"vec4<f32>(x{i * cs.sh + ky * cs.dh})"
+            compute.append(f"{i3}acc{i}a = fma({a}, wa, acc{i}a);")
+            compute.append(f"{i3}acc{i}b = fma({a}, wb, acc{i}b);")
+        compute.append(f"{i2}}}")
+    compute.append(f"{i1}}}")
     decls = [f"    var acc{i}{h} = vec4<f32>(0.0);" for i in range(g.rt) for h in "ab"] + regs
     out_store = [f"    let q = tile_q * {u(DIRECT_TQ)} + ql;",
                  f"    let p0 = tile_p * {u(g.tp)} + rg * {u(g.rt)};",
