@@ -10,9 +10,10 @@ ${HEADER}
 // a warp's stores over 8 banks). Warp `cg` owns channels cg*8 .. +8, so its filter loads are vec4 broadcasts;
 // its lanes own 16 consecutive output columns (stores coalesce) in two groups of RT = TP/2 rows. A thread loads
 // a filter column's input values once ((RT-1)*SH + (R-1)*DH + 1 of them) and reuses each for up to R taps:
-// RT x 8 accumulators in named vec4s; the filter columns are a loop (fully unrolled, the kernel ran slower in
-// whole models: cold instruction caches), the taps of one column unrolled. The next channel's patch and filter words are loaded into registers
-// before the current channel's products (the global loads are then in flight while they run).
+// RT x 8 accumulators in named vec4s. The filter columns are a loop and the taps of one column unrolled (fully
+// unrolled, the kernel ran slower in whole models: cold instruction caches). The next channel's patch and
+// filter words are loaded into registers before the current channel's products, so those loads are in flight
+// while the products run.
 // Dispatch grid: (ceil(P/TP) * ceil(Q/16), K/KT, N).
 // Placeholders: HEADER (bindings + grid comment), PRELUDE, BINDINGS, EPILOGUE (fn epi(acc, z = image,
 // m = channel, n = p*Q + q)), THREADS, KT, TILES_Q, TP, TQ, SH, SW, PT, PL, C, XS_SIZE, WS_VEC4, ROW0 (the
