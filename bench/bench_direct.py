@@ -61,8 +61,11 @@ def main() -> int:
             cs = conv._conv_shape(x, w, out, (st, st), (pad,) * 4, (1, 1), 1)
             flops = 2 * n * k * p * q * c * r * r
             pick = conv.direct_geometry(be, cs)
-            arms = [("igemm", None)] + [(cfg, conv.DirectGeometry.of(cs, *map(int, cfg.split("x"))))
-                                       for cfg in args.configs.split(",")]
+            arms: list = [("igemm", None)]
+            for cfg in args.configs.split(","):
+                g = conv.DirectGeometry.of(cs, *map(int, cfg.split("x")))
+                if k % g.kt == 0:  # a workgroup's channels must divide K
+                    arms.append((cfg, g))
             ref = None
             for arm, g in arms:
                 types = {v.handle: "f32" for v in (x, w, b, out)}
