@@ -258,17 +258,15 @@ def _record_implicit_gemm(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias
                                  make_epilogue, notes, types=types)
 
 
-def _record_depthwise(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: View | None, out: View,
-                      act: Expr | None, types: dict[int, str], res3: View | None) -> list:
+def _per_image_epilogue(cs: ConvShape, x: View, w: View, bias: View | None, out: View, act: Expr | None,
+                        types: dict[int, str], res3: View | None) -> tuple[Bindings, Epilogue]:
+    """Bindings (x, w, bias, residual, out) and the epilogue of the kernels that compute whole images' outputs
+    (depthwise, direct): epi(acc, z = image, m = channel, n = p*Q + q)."""
     binds = Bindings(out.handle, types=types)
-    binds.add(x.handle, False)
-    binds.add(w.handle, False)
-    for v in (bias, res3):
+    for v in (x, w, bias, res3):
         if v is not None:
             binds.add(v.handle, False)
     pq = cs.p * cs.q
-    total = cs.n * cs.k * pq
-    # The epilogue sees (z = image, m = channel, n = p*Q + q).
     ep = Epilogue(addr(out.offset, [("z", cs.k * pq), ("m", pq), ("n", 1)]), act=act)
     if bias is not None:
         ep.bias_index = addr(bias.offset, [("m", bias.strides[0])])
@@ -276,6 +274,13 @@ def _record_depthwise(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: Vi
     if res3 is not None:
         ep.residual_index = addr(res3.offset, list(zip("zmn", res3.strides, strict=True)))
         ep.residual_handle = res3.handle
+    return binds, ep
+
+
+def _record_depthwise(be: WgpuBackend, cs: ConvShape, x: View, w: View, bias: View | None, out: View,
+                      act: Expr | None, types: dict[int, str], res3: View | None) -> list:
+    binds, ep = _per_image_epilogue(cs, x, w, bias, out, act, types, res3)
+    total = cs.n * cs.k * cs.p * cs.q
     groups = math.ceil(total / DEPTHWISE_WORKGROUP)
     grid = grid_1d(groups)
     header = "\n".join([
@@ -447,20 +452,7 @@ def _direct_body(cs: ConvShape, g: DirectGeometry, binds: Bindings, x: View, w: 
 
 def _record_direct(be: WgpuBackend, cs: ConvShape, g: DirectGeometry, x: View, w: View, bias: View | None,
                    out: View, act: Expr | None, types: dict[int, str], res3: View | None) -> list:
-    binds = Bindings(out.handle, types=types)
-    binds.add(x.handle, False)
-    binds.add(w.handle, False)
-    for v in (bias, res3):
-        if v is not None:
-            binds.add(v.handle, False)
-    pq = cs.p * cs.q
-    ep = Epilogue(addr(out.offset, [("z", cs.k * pq), ("m", pq), ("n", 1)]), act=act)
-    if bias is not None:
-        ep.bias_index = addr(bias.offset, [("m", bias.strides[0])])
-        ep.bias_handle = bias.handle
-    if res3 is not None:
-        ep.residual_index = addr(res3.offset, list(zip("zmn", res3.strides, strict=True)))
-        ep.residual_handle = res3.handle
+    binds, ep = _per_image_epilogue(cs, x, w, bias, out, act, types, res3)
     grid = g.grid(cs)
     header = "\n".join([
         f"// ember direct conv: x {(cs.n, cs.c, cs.h, cs.w)}, w {(cs.k, cs.c, cs.r, cs.s)}, stride {(cs.sh, cs.sw)}, "
