@@ -20,6 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_fused import attention_graph, build  # noqa: E402
+from bench_kernels import cuda_torch  # noqa: E402
 
 import ember  # noqa: E402
 from ember.device_array import DeviceArray  # noqa: E402
@@ -45,13 +46,9 @@ def wall_ms(model: ember.Model, feeds: dict, reps: int) -> float:
 
 
 def torch_ms(shape: tuple, reps: int, kv: int | None = None) -> tuple[float, float] | None:
-    try:
-        import torch
-    except ImportError:
+    torch = cuda_torch()
+    if torch is None:
         return None
-    if not torch.cuda.is_available():
-        return None
-    torch.backends.cuda.matmul.allow_tf32 = False
     kv_shape = shape if kv is None else (*shape[:2], kv, shape[3])
     q = torch.randn(shape, device="cuda")
     k, v = (torch.randn(kv_shape, device="cuda") for _ in range(2))

@@ -19,7 +19,7 @@ import numpy as np
 
 os.environ.setdefault("EMBER_AUTOTUNE", "0")
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_kernels import Timer, upload  # noqa: E402
+from bench_kernels import Timer, cuda_torch, upload  # noqa: E402
 
 import ember  # noqa: E402
 from ember.backends.wgpu import autotune as at  # noqa: E402
@@ -31,13 +31,9 @@ TILES = ["128x128x8/8x8", "128x128x16/8x8", "128x128x16/8x8w", "128x256x16/8x16"
 
 
 def torch_tflops(n: int, reps: int) -> float | None:
-    try:
-        import torch
-    except ImportError:
+    torch = cuda_torch()
+    if torch is None:
         return None
-    if not torch.cuda.is_available():
-        return None
-    torch.backends.cuda.matmul.allow_tf32 = False
     a = torch.randn(n, n, device="cuda")
     b = torch.randn(n, n, device="cuda")
     for _ in range(20):

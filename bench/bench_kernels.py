@@ -46,6 +46,20 @@ RESNET18 = [
 ]
 
 
+def cuda_torch() -> Any:
+    """torch where it has CUDA, with TF32 off (fp32 everywhere, as ember computes), else None: the PyTorch
+    columns of the benchmarks."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+
 def upload(be: ember.ComputeBackend, a: np.ndarray) -> int:
     a = np.ascontiguousarray(a, np.float32)
     h = be.alloc(max(a.nbytes, 4))

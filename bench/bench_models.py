@@ -27,6 +27,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_kernels import cuda_torch  # noqa: E402
 
 import ember  # noqa: E402
 
@@ -180,13 +183,10 @@ def ort_engine(path: Path, feeds: dict) -> Callable:
 
 
 def torch_engines(module: Any, feeds: dict, compile: bool = True) -> dict[str, Callable]:
-    import torch
-
+    torch = cuda_torch()
     out: dict[str, Callable] = {}
-    if module is None or not torch.cuda.is_available():
+    if module is None or torch is None:
         return out
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 everywhere, as ember computes
-    torch.backends.cudnn.allow_tf32 = False
     mod = module.cuda().eval()
     host = [torch.from_numpy(v) for v in feeds.values()]
 

@@ -19,20 +19,16 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
+from bench_kernels import cuda_torch  # noqa: E402
 from bench_models import workloads  # noqa: E402
 
 import ember  # noqa: E402
 
 
 def torch_gpu_ms(module, feeds: dict, reps: int = 20) -> float | None:
-    try:
-        import torch
-    except ImportError:
+    torch = cuda_torch()
+    if module is None or torch is None:
         return None
-    if module is None or not torch.cuda.is_available():
-        return None
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     mod = module.cuda().eval()
     xs = [torch.from_numpy(v).cuda() for v in feeds.values()]
     with torch.no_grad():
