@@ -2,7 +2,8 @@
 
     PYTHONPATH=src python bench/bench_cpu.py [--models resnet18_b1,mobilenetv2_b1] [--blocks 8] [--threads N]
         [--src OTHER/src]  # measure another checkout's ember (before/after comparisons)
-        [--profile 15]   # also the slowest recorded steps of ember's plan, and the time per op kind
+        [--profile 15]   # also the slowest recorded steps of ember's plan and of ORT's session, and the time
+                         # per op kind of each (ORT's from its own profiler, nodes as its optimiser fused them)
 
 The machine may be shared and noisy, so the two engines run in alternating blocks (the first runs of each
 block dropped: idle OpenBLAS and ORT workers spin for a while and would tax the other engine), and the ratio
@@ -73,6 +74,7 @@ def main() -> int:
               f"(of p10s {pct(te, 10) / pct(to, 10):.2f}x)  [max rel err vs ORT {err:.1e}]")
         if args.profile:
             profile(model, feeds, args.profile)
+            profile_ort(path, feeds, args.threads, args.profile)
     return 0
 
 
@@ -83,6 +85,40 @@ def timed(fn: Callable[[], object], n: int) -> list[float]:
         fn()
         out.append((time.perf_counter() - t) * 1e3)
     return out
+
+
+def profile_ort(path: Path, feeds: dict, threads: int, top: int) -> None:
+    """ORT's per-node kernel times (its profiler's median over 40 runs after 10), as the session runs them."""
+    import json
+
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.enable_profiling = True
+    so.profile_file_prefix = "/tmp/ember_bench_cpu_ort"
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    for _ in range(50):
+        sess.run(None, feeds)
+    trace = Path(sess.end_profiling())
+    times: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for ev in json.loads(trace.read_text()):
+        if ev.get("cat") == "Node" and ev["name"].endswith("_kernel_time"):
+            times[(ev["name"].removesuffix("_kernel_time"), ev["args"].get("op_name", "?"))].append(ev["dur"] / 1e3)
+    trace.unlink()
+    med = {key: statistics.median(v[10:]) for key, v in times.items()}
+    total = sum(med.values())
+    print(f"  ORT: {len(med)} nodes, sum of node medians {total:.2f} ms")
+    by_kind: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for (_, kind), t in med.items():
+        by_kind[kind] += t
+        count[kind] += 1
+    for kind, t in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        print(f"    {kind:28s} x{count[kind]:3d} {t:8.2f} ms  {100 * t / total:5.1f}%")
+    print("  ORT's slowest nodes (named by their output after ORT's fusions):")
+    for (node, kind), t in sorted(med.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {t:7.3f} ms  {node} ({kind})")
 
 
 def pct(xs: list[float], q: int) -> float:
