@@ -3,6 +3,8 @@ stem) against a float64 oracle, next to implicit GEMM on the same problem; and w
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,9 @@ def put(be: ember.ComputeBackend, a: np.ndarray) -> int:
     h = be.alloc(a.nbytes)
     be.upload(h, a)
     return h
+
+
+MIN_WORKGROUPS = conv.DIRECT_MIN_WORKGROUPS  # the shipped threshold, before the fixture lowers it
 
 
 @pytest.fixture(autouse=True)
@@ -95,6 +100,19 @@ def test_direct_conv_matches_reference(wgpu_be: ember.ComputeBackend, rng: np.ra
 def test_direct_conv_declines(wgpu_be: ember.ComputeBackend, xshape, k, rs, stride, groups, why: str) -> None:
     cs = shape_of(xshape, k, rs, stride, (1, 1, 1, 1), (1, 1), groups)
     assert conv.direct_geometry(wgpu_be, cs) is None, why
+
+
+def test_direct_conv_wants_a_grid_that_fills_the_gpu(wgpu_be: ember.ComputeBackend,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """ResNet-18's stem at batch 1 (196 workgroups) takes the kernel; MobileNetV2's (98) stays on implicit GEMM,
+    where whole runs measured no gain (conv.DIRECT_MIN_WORKGROUPS)."""
+    monkeypatch.setattr(conv, "DIRECT_MIN_WORKGROUPS", MIN_WORKGROUPS)
+    resnet = shape_of((1, 3, 224, 224), 64, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1))
+    g = conv.direct_geometry(wgpu_be, resnet)
+    assert g is not None and math.prod(g.grid(resnet)) == 196
+    mbv2 = shape_of((1, 3, 224, 224), 32, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1))
+    assert conv.direct_geometry(wgpu_be, mbv2) is None
+    assert conv.direct_geometry(wgpu_be, shape_of((8, 3, 224, 224), 32, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)))
 
 
 def test_direct_conv_layout_fits_workgroup_memory(wgpu_be: ember.ComputeBackend) -> None:

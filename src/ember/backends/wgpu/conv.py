@@ -40,7 +40,7 @@ DEPTHWISE_WORKGROUP = 256
 # conv_direct.wgsl: lanes are 16 output columns x 2 groups of `rt` rows, warps own 8 output channels each; the
 # filter slice in workgroup memory takes kt + 4 floats a tap (padding that spreads a warp's stores over banks).
 DIRECT_TQ = 16
-DIRECT_MAX_CRS, DIRECT_MIN_RS, DIRECT_MIN_WORKGROUPS = 64 * 4, 9, 512
+DIRECT_MAX_CRS, DIRECT_MIN_RS, DIRECT_MIN_WORKGROUPS = 64 * 4, 9, 128
 # EMBER_DIRECT_CONV=0 sends those convs to implicit GEMM too (to compare the two).
 DIRECT_CONV = os.environ.get("EMBER_DIRECT_CONV", "1") != "0"
 
@@ -358,9 +358,10 @@ def direct_geometry(be: WgpuBackend, cs: ConvShape) -> DirectGeometry | None:
     limit = int(be.limits.get("max-compute-workgroup-storage-size", 16384))
     if max(grid) > 65535 or g.smem_bytes(cs) > limit:
         return None
-    # With few workgroups the whole-model gain is within noise or negative (H200 GPU time, one measurement each:
-    # ResNet-18 batch 1, 196 workgroups, 0.392 vs 0.396 ms; MobileNetV2 batch 1, 98, 0.398 vs 0.388); at batch 8
-    # (1568) 0.865 vs 0.889.
+    # A grid that does not fill a big GPU once (the H200 has 132 SMs) gains nothing in whole runs: MobileNetV2's
+    # stem at batch 1, 98 workgroups, per-round wall ratio 0.997 (0.990-1.002) against implicit GEMM; ResNet-18's
+    # at batch 1, 196 workgroups, 0.983 (0.981-0.986), and at batch 8 (1568) GPU time 0.865 vs 0.889 ms
+    # (bench_wgpu_ab.py, bench_models.py; BENCHMARKS.md "Models, session 6").
     if math.prod(grid) < DIRECT_MIN_WORKGROUPS:
         return None
     return g
