@@ -18,7 +18,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..base import ComputeBackend, OutOfMemoryError, View
 from ..expr import Expr, call, eval_numpy, inp
-from . import parallel, winograd
+from . import native, parallel, winograd
 from .inplace import compile_inplace
 
 Step = Callable[[], None]
@@ -337,6 +337,14 @@ class CpuBackend(ComputeBackend):
             partials = (parts - 1) * n * k * p * q if by_c else 0
             scratch.reserve((n * groups * kk * (p + len(row_bands)) * q + partials) * xv.dtype.itemsize)
             wmat = wv.reshape(groups, kg, kk)
+            c_parts = _chunks(c, parts, secs) if by_c else []
+            # Each input-channel part's slice of the weight, packed once here for the compiled GEMM (native.py):
+            # OpenBLAS would pack it from memory on every run.
+            # It wins where the columns are few (layer 4 at batch 1, 49: 1.2-1.4x OpenBLAS's speed a thread); with
+            # 196 and more OpenBLAS's packing pays for itself (bench/bench_cpu_native.py).
+            packed = ([native.pack(wmat[0, :, c0 * r * s:c1 * r * s]) for c0, c1 in c_parts]
+                      if by_c and p * q <= native.MAX_COLUMNS and native.available() and xv.dtype == np.float32
+                      else None)
 
             def build(buf: np.ndarray | None) -> list[Step]:
                 assert buf is not None
@@ -367,11 +375,15 @@ class CpuBackend(ComputeBackend):
                 outs = [omat, *rest]
                 c6 = cols.reshape(n, c, r, s, p, q)
                 tasks = []
-                for t, (c0, c1) in enumerate(_chunks(c, parts, secs)):
+                for t, (c0, c1) in enumerate(c_parts):
                     fill = _im2col(xv[:, c0:c1], c6[:, c0:c1], stride, pads, dilation)
                     k0, k1 = c0 * r * s, c1 * r * s
-                    tasks.append(_seq(fill, *(functools.partial(np.matmul, wmat[0, :, k0:k1], cols[i, k0:k1],
-                                                                out=outs[t][i]) for i in range(n))))
+                    if packed is not None:
+                        muls = [native.gemm_step(packed[t], cols[i, k0:k1], outs[t][i]) for i in range(n)]
+                    else:
+                        muls = [functools.partial(np.matmul, wmat[0, :, k0:k1], cols[i, k0:k1], out=outs[t][i])
+                                for i in range(n)]
+                    tasks.append(_seq(fill, *muls))
                 epilogue = _epilogue(act, omat)
 
                 def total() -> None:

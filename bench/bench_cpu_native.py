@@ -1,0 +1,69 @@
+"""The cpu backend's compiled GEMM (weights packed at load, backends/cpu/_gemm.c) against numpy's OpenBLAS, one
+thread, on the products ResNet-18's convs make at batch 1.
+
+    OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python bench/bench_cpu_native.py [--reps 21]
+
+Per shape (M x K @ K x N: a thread's part of a conv's weight times its im2col columns): GMAC/s of np.matmul and of
+the compiled kernel, warm (operands in cache from the run before) and cold (a 64 MB pass between runs pushes
+them out, as a network's other layers do), and the ratio. native.MAX_COLUMNS, the widest product the backend
+hands the kernel, comes from this table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ember.backends.cpu import native
+
+SHAPES = [  # M, K, N, what
+    (512, 2304, 49, "layer 4 3x3, a thread's input channels"),
+    (512, 1152, 49, "layer 4's 3x3/2, a thread's input channels"),
+    (256, 576, 196, "layer 3's 3x3/2, a thread's input channels"),
+    (128, 576, 392, "layer 2's 3x3/2, a band of rows"),
+    (64, 147, 6384, "the stem, a band of rows"),
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=21)
+    args = ap.parse_args()
+    if not native.available():
+        print("the compiled GEMM is not available here (not built, EMBER_NATIVE_GEMM=0, or no AVX-512F)")
+        return 1
+    rng = np.random.default_rng(0)
+    flush = np.ones(16 << 20, np.float32)
+
+    def median_s(fn: Callable[[], object], cold: bool) -> float:
+        fn()
+        ts = []
+        for _ in range(args.reps):
+            if cold:
+                flush.sum()
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts)
+
+    print(f"{'product':>20s}  {'what':44s} {'warm: blas / native GMAC/s':>28s} {'cold: blas / native':>22s}")
+    for m, k, n, what in SHAPES:
+        w = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        c = np.empty((m, n), np.float32)
+        step = native.gemm_step(native.pack(w), b, c)
+        cells = []
+        for cold in (False, True):
+            blas = median_s(lambda: np.matmul(w, b, out=c), cold)  # noqa: B023
+            mine = median_s(step, cold)
+            cells.append(f"{m * k * n / blas / 1e9:5.1f} / {m * k * n / mine / 1e9:5.1f} ({blas / mine:.2f}x)")
+        print(f"{f'{m}x{k} @ {k}x{n}':>20s}  {what:44s} {cells[0]:>28s} {cells[1]:>22s}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

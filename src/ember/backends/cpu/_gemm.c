@@ -1,0 +1,148 @@
+/* ember's cpu GEMM with weights packed once, at load: C = A @ B (+ bias), A (M x K) a layer's weights.
+ *
+ * Why not OpenBLAS (numpy's): it packs both operands on every call. For a conv whose weight outweighs its
+ * columns (ResNet-18's layer 4 at batch 1: 512 x 4608 @ 4608 x 49) that is 9.4 MB read cold from memory
+ * and copied, every run, before any arithmetic; OpenBLAS has no API to keep packed panels between calls.
+ * Here the weight is packed at load, and streamed with software prefetch while the products run.
+ *
+ * Layouts (float32):
+ *   ap    A packed in panels of MR = 32 rows: [ceil(M/32)][K][32], rows past M zero.
+ *   b     B row-major, K rows of N, row stride ldb (elements).
+ *   c     C row-major, row stride ldc; rows [0, M) and columns [0, N) written.
+ *   work  caller's scratch of ember_gemm_work_floats(N, K) floats: B repacked in blocks of NR columns
+ *         ([blocks][K][NR], the last block zero-padded) and the accumulators of one panel.
+ * Loop order: per chunk of N (its packed B stays in L2), per panel of A, per KC slice of K (the A slice,
+ * 32 KB, stays in L1 across the chunk's column blocks), per block of NR columns: the micro-kernel, 32 x NR
+ * outputs in registers (2 x NR zmm accumulators), one FMA pair per column a k-step.
+ *
+ * The kernel needs AVX-512F; ember_gemm_supported() says whether this CPU has it (numpy runs the product
+ * otherwise). Built without -mavx512f: only the kernel functions carry the target attribute, so the library
+ * loads on any x86-64 and elsewhere compiles to stubs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <string.h>
+
+#define MR 32
+#define NR 7   /* ResNet's spatial sizes (56, 28, 14, 7) are multiples of 7: no padded columns */
+#define KC 256
+#define NC (NR * 28)  /* columns per chunk: 196 */
+
+size_t ember_gemm_work_floats(int n, int k) {
+    size_t nc = n < NC ? (size_t)n : NC;
+    size_t blocks = (nc + NR - 1) / NR;
+    return blocks * NR * (size_t)k + blocks * NR * MR;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+int ember_gemm_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+}
+
+/* acc[NR][32] = (first ? 0 : acc) + A slice (kc x 32, packed [k][32]) * B block (kc x NR, packed [k][NR]);
+ * pf: memory to pull into cache meanwhile (the next A slice), 128 bytes a k-step, or NULL. */
+__attribute__((target("avx512f"))) static void kernel(int kc, const float *ap, const float *bp, float *acc,
+                                                      int first, const float *pf) {
+    __m512 c0[NR], c1[NR];
+    for (int j = 0; j < NR; j++) {
+        c0[j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + j * MR);
+        c1[j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + j * MR + 16);
+    }
+    for (int k = 0; k < kc; k++) {
+        __m512 a0 = _mm512_loadu_ps(ap), a1 = _mm512_loadu_ps(ap + 16);
+        if (pf) {
+            _mm_prefetch((const char *)(pf + MR * k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(pf + MR * k + 16), _MM_HINT_T0);
+        }
+#pragma GCC unroll 7
+        for (int j = 0; j < NR; j++) {
+            __m512 bv = _mm512_set1_ps(bp[j]);
+            c0[j] = _mm512_fmadd_ps(a0, bv, c0[j]);
+            c1[j] = _mm512_fmadd_ps(a1, bv, c1[j]);
+        }
+        ap += MR;
+        bp += NR;
+    }
+    for (int j = 0; j < NR; j++) {
+        _mm512_storeu_ps(acc + j * MR, c0[j]);
+        _mm512_storeu_ps(acc + j * MR + 16, c1[j]);
+    }
+}
+
+__attribute__((target("avx512f"))) static void chunk(int m, int n, int k, const float *ap, const float *b,
+                                                     ptrdiff_t ldb, float *c, ptrdiff_t ldc, const float *bias,
+                                                     int relu, float *work) {
+    int blocks = (n + NR - 1) / NR;
+    float *bp = work;                                  /* [blocks][k][NR] */
+    float *acc = work + (size_t)blocks * NR * k;       /* [blocks][NR][MR] */
+    for (int jb = 0; jb < blocks; jb++) {
+        int j0 = jb * NR, nr = n - j0 < NR ? n - j0 : NR;
+        float *dst = bp + (size_t)jb * k * NR;
+        for (int kk = 0; kk < k; kk++) {
+            const float *src = b + (size_t)kk * ldb + j0;
+            int jj = 0;
+            for (; jj < nr; jj++) dst[kk * NR + jj] = src[jj];
+            for (; jj < NR; jj++) dst[kk * NR + jj] = 0.0f;
+        }
+    }
+    int panels = (m + MR - 1) / MR;
+    for (int pi = 0; pi < panels; pi++) {
+        const float *panel = ap + (size_t)pi * MR * k;
+        for (int k0 = 0; k0 < k; k0 += KC) {
+            int kc = k - k0 < KC ? k - k0 : KC;
+            /* the next A slice: this panel's next one, else the next panel's first */
+            const float *next = k0 + KC < k ? panel + (size_t)(k0 + KC) * MR
+                              : (pi + 1 < panels ? panel + (size_t)MR * k : NULL);
+            for (int jb = 0; jb < blocks; jb++)
+                kernel(kc, panel + (size_t)k0 * MR, bp + ((size_t)jb * k + k0) * NR, acc + (size_t)jb * NR * MR,
+                       k0 == 0, jb == 0 ? next : NULL);
+        }
+        int rows = m - pi * MR < MR ? m - pi * MR : MR;
+        for (int jb = 0; jb < blocks; jb++) {
+            int j0 = jb * NR, nr = n - j0 < NR ? n - j0 : NR;
+            const float *a = acc + (size_t)jb * NR * MR;
+            for (int i = 0; i < rows; i++) {
+                float bi = bias ? bias[pi * MR + i] : 0.0f;
+                float *row = c + (size_t)(pi * MR + i) * ldc + j0;
+                for (int jj = 0; jj < nr; jj++) {
+                    float v = a[jj * MR + i] + bi;
+                    row[jj] = relu && v < 0.0f ? 0.0f : v;
+                }
+            }
+        }
+    }
+}
+
+/* C = A @ B + bias (bias: M floats or NULL), then max(C, 0) where relu; NaN stays NaN. Returns 0, or -1 where
+ * this CPU lacks AVX-512F (nothing written). */
+int ember_gemm(int m, int n, int k, const float *ap, const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
+               const float *bias, int relu, float *work) {
+    if (!ember_gemm_supported())
+        return -1;
+    for (int j0 = 0; j0 < n; j0 += NC)
+        chunk(m, n - j0 < NC ? n - j0 : NC, k, ap, b + j0, ldb, c + j0, ldc, bias, relu, work);
+    return 0;
+}
+
+#else
+
+int ember_gemm_supported(void) { return 0; }
+
+int ember_gemm(int m, int n, int k, const float *ap, const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
+               const float *bias, int relu, float *work) {
+    (void)m; (void)n; (void)k; (void)ap; (void)b; (void)ldb; (void)c; (void)ldc; (void)bias; (void)relu;
+    (void)work;
+    return -1;
+}
+
+#endif
+
+/* An (empty) extension module, so that setuptools builds and installs the library like any other; ember loads
+ * it with ctypes (backends/cpu/native.py), which releases the GIL around every call. */
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_gemm", NULL, -1, NULL, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__gemm(void) { return PyModule_Create(&module); }

@@ -1,0 +1,107 @@
+"""Launch code for the cpu backend's compiled GEMM (`_gemm.c`: C = A @ B + bias, A a weight packed at load).
+
+The library is an optional part of the install (setup.py): where it was not built, or the CPU lacks AVX-512F,
+or EMBER_NATIVE_GEMM=0, `available()` is False and the backend multiplies with numpy (OpenBLAS) as before.
+It is called through ctypes, which releases the GIL for the call: two pool threads run it side by side.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+MR = 32  # rows per packed panel (_gemm.c)
+# Products with more columns than this stay with OpenBLAS, whose packing then pays for itself: on this project's
+# Zen 4 VM a thread ran 512 x 2304 @ 2304 x 49 1.3-1.4x faster here, 256 x 576 @ 576 x 196 at 0.9-1.0x.
+MAX_COLUMNS = 64
+_F32 = np.dtype(np.float32)
+_calls = [0]  # runs of gemm steps, for tests (increments from two threads may rarely merge)
+
+
+def _load() -> ctypes.CDLL | None:
+    if os.environ.get("EMBER_NATIVE_GEMM", "1") == "0":
+        return None
+    try:
+        spec = importlib.util.find_spec(f"{__package__}._gemm")
+    except ImportError:
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith((".so", ".pyd", ".dylib")):
+        return None
+    lib = ctypes.CDLL(spec.origin)
+    lib.ember_gemm_supported.restype = ctypes.c_int
+    lib.ember_gemm_work_floats.restype = ctypes.c_size_t
+    lib.ember_gemm_work_floats.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.ember_gemm.restype = ctypes.c_int
+    lib.ember_gemm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_int,
+                               ctypes.c_void_p]
+    return lib if lib.ember_gemm_supported() else None
+
+
+_LIB = _load()
+
+
+def available() -> bool:
+    return _LIB is not None
+
+
+def calls() -> int:
+    return _calls[0]
+
+
+class Packed(NamedTuple):
+    """A weight (m, k) as the kernel's panels: (ceil(m / 32), k, 32) float32, rows past m zero."""
+
+    panels: np.ndarray
+    m: int
+    k: int
+
+
+def pack(w: np.ndarray) -> Packed:
+    """w (M, K) packed for gemm_step: once, at load."""
+    m, k = w.shape
+    panels = -(-m // MR)
+    padded = np.zeros((panels * MR, k), _F32)
+    padded[:m] = w
+    return Packed(np.ascontiguousarray(padded.reshape(panels, MR, k).transpose(0, 2, 1)), m, k)
+
+
+def _rows(a: np.ndarray, what: str) -> int:
+    """a's row stride in elements; its rows must be contiguous float32."""
+    if a.dtype != _F32 or a.ndim != 2 or (a.shape[1] > 1 and a.strides[1] != 4) or a.strides[0] % 4:
+        raise ValueError(f"native gemm: {what} must be a 2-D float32 array with contiguous rows, got "
+                         f"{a.dtype} {a.shape} strides {a.strides}")
+    return a.strides[0] // 4
+
+
+def gemm_step(w: Packed, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None = None,
+              relu: bool = False) -> Callable[[], None]:
+    """A step computing c = w @ b (+ bias, then max(., 0) where relu): w from pack() of an (M, K) weight, b (K, N)
+    and c (M, N) float32 with contiguous rows. Its scratch is its own, made here."""
+    assert _LIB is not None
+    ldb, ldc = _rows(b, "b"), _rows(c, "c")
+    m, k, n = w.m, w.k, b.shape[1]
+    if b.shape[0] != k or c.shape != (m, n):
+        raise ValueError(f"native gemm: a ({m}, {k}) weight times b {b.shape} does not give c {c.shape}")
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, _F32).reshape(-1)
+        if bias.shape != (m,):
+            raise ValueError(f"native gemm: bias of {bias.shape[0]} for {m} rows")
+    work = np.empty(_LIB.ember_gemm_work_floats(n, k), _F32)
+    args = (m, n, k, w.panels.ctypes.data, b.ctypes.data, ldb, c.ctypes.data, ldc,
+            bias.ctypes.data if bias is not None else None, int(relu), work.ctypes.data)
+    fn = _LIB.ember_gemm
+    keep = (w.panels, b, c, bias, work)  # the pointers above point into these
+
+    def run() -> None:
+        if fn(*args) != 0:
+            raise RuntimeError("native gemm: this CPU lacks AVX-512F")
+        _calls[0] += 1
+
+    run.keep = keep  # type: ignore[attr-defined]
+    return run
