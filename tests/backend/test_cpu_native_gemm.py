@@ -1,6 +1,7 @@
-"""The cpu backend's compiled GEMM over weights packed at load (backends/cpu/_gemm.c, native.py): the kernel
-against a float64 oracle over panel, column-block, K-slice and column-chunk edges; its error contract; and the
-convs that take it (split by input channels), with it and without."""
+"""The cpu backend's compiled kernels over weights packed at load (backends/cpu/_gemm.c, native.py): the GEMM
+and the direct conv against float64 oracles over panel, column-block, K-slice and column-chunk edges; their
+error contracts; and the convs that take them (split by input channels; a stem with its max pooling), with them
+and without."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 
 from ember.backends.cpu import native, parallel
 
+from . import test_cpu_conv_maxpool as stem
 from . import test_cpu_split as split
+from .test_conv2d import conv_ref
 
 needs_native = pytest.mark.skipif(not native.available(),
                                   reason="the compiled GEMM is not built here, or this CPU lacks AVX-512F")
@@ -88,4 +91,54 @@ def test_weight_heavy_convs_with_and_without_it(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(parallel, "pool", lambda: split._POOL)
     before = native.calls()
     split.test_conv_split_matches_reference(*conv, rng=rng)
+    assert (native.calls() > before) == native_on
+
+
+@needs_native
+@pytest.mark.parametrize("c,h,w,k,rs,stride,pad", [
+    (3, 40, 38, 64, 7, 2, 3),   # a ResNet stem
+    (3, 20, 17, 40, 3, 1, 1),   # stride 1, channels past a panel
+    (5, 13, 11, 33, 5, 2, 2),
+    (2, 9, 12, 8, 3, 3, 0),     # stride 3: gathered one by one
+    (16, 30, 30, 16, 3, 1, 1),  # 144 taps, one K slice
+    (30, 12, 12, 32, 3, 1, 1),  # 270 taps: two K slices
+])
+def test_direct_conv_matches_float64(rng: np.random.Generator, c, h, w, k, rs, stride, pad) -> None:
+    x = rng.standard_normal((1, c, h, w), dtype=np.float32)
+    f = rng.standard_normal((k, c, rs, rs), dtype=np.float32)
+    b = rng.standard_normal(k, dtype=np.float32)
+    xp = np.zeros((c, h + 2 * pad, w + 2 * pad), np.float32)
+    xp[:, pad:pad + h, pad:pad + w] = x[0]
+    p, q = (h + 2 * pad - rs) // stride + 1, (w + 2 * pad - rs) // stride + 1
+    y = np.full((p, q, k), np.nan, np.float32)
+    before = native.calls()
+    native.conv_step(native.pack(f.reshape(k, -1)), xp, (rs, rs), (stride, stride), y, b, relu=True)()
+    assert native.calls() == before + 1
+    ref = np.maximum(conv_ref(x, f, b, (stride, stride), (pad,) * 4, (1, 1)), 0)[0].transpose(1, 2, 0)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+@needs_native
+def test_direct_conv_rejects_bad_operands(rng: np.random.Generator) -> None:
+    w = native.pack(rng.standard_normal((8, 27), dtype=np.float32))
+    xp = np.zeros((3, 10, 10), np.float32)
+    with pytest.raises(ValueError, match="must be C-contiguous float32"):
+        native.conv_step(w, xp.astype(np.float64), (3, 3), (1, 1), np.zeros((8, 8, 8), np.float32))
+    with pytest.raises(ValueError, match=r"a \(8, 27\) weight with a 3x3 window at stride \(2, 2\)"):
+        native.conv_step(w, xp, (3, 3), (2, 2), np.zeros((8, 8, 8), np.float32))
+    with pytest.raises(ValueError, match="bias of 7 for 8 channels"):
+        native.conv_step(w, xp, (3, 3), (1, 1), np.zeros((8, 8, 8), np.float32), np.zeros(7, np.float32))
+
+
+@pytest.mark.parametrize("native_on", [True, False], ids=["native", "numpy"])
+@pytest.mark.parametrize("case", [0, 1, 2], ids=["resnet-stem", "batch2-odd", "no-act"])
+def test_stem_with_pool_with_and_without_it(monkeypatch: pytest.MonkeyPatch, case: int, native_on: bool) -> None:
+    """A conv + MaxPool step (record_conv_maxpool) runs its bands through the compiled direct conv where it is
+    available, else through im2col and numpy; the same result either way."""
+    if native_on and not native.available():
+        pytest.skip("the compiled kernels are not built here, or this CPU lacks AVX-512F")
+    if not native_on:
+        monkeypatch.setattr(native, "_LIB", None)
+    before = native.calls()
+    stem.test_conv_maxpool_fused(*stem.CASES[case], with_bias=True)
     assert (native.calls() > before) == native_on

@@ -79,15 +79,16 @@ __attribute__((target("avx512f"))) static void chunk(int m, int n, int k, const 
     int blocks = (n + NR - 1) / NR;
     float *bp = work;                                  /* [blocks][k][NR] */
     float *acc = work + (size_t)blocks * NR * k;       /* [blocks][NR][MR] */
+    /* B into blocks of NR columns, a row at a time: a masked load of its nr columns (lanes past them read as
+     * zero and touch no memory) and a masked store of NR lanes. */
     for (int jb = 0; jb < blocks; jb++) {
         int j0 = jb * NR, nr = n - j0 < NR ? n - j0 : NR;
+        __mmask16 load = (__mmask16)((1u << nr) - 1);
         float *dst = bp + (size_t)jb * k * NR;
-        for (int kk = 0; kk < k; kk++) {
-            const float *src = b + (size_t)kk * ldb + j0;
-            int jj = 0;
-            for (; jj < nr; jj++) dst[kk * NR + jj] = src[jj];
-            for (; jj < NR; jj++) dst[kk * NR + jj] = 0.0f;
-        }
+        const float *src = b + j0;
+        for (int kk = 0; kk < k; kk++)
+            _mm512_mask_storeu_ps(dst + kk * NR, (__mmask16)((1u << NR) - 1),
+                                  _mm512_maskz_loadu_ps(load, src + (size_t)kk * ldb));
     }
     int panels = (m + MR - 1) / MR;
     for (int pi = 0; pi < panels; pi++) {
@@ -128,9 +129,94 @@ int ember_gemm(int m, int n, int k, const float *ap, const float *b, ptrdiff_t l
     return 0;
 }
 
+/* A direct convolution of one image into channels-last output, its im2col done a block of NR output columns at
+ * a time into L1 instead of through memory (a stem: few input channels, a big window):
+ *   y[pp][qq][kk] = act(bias[kk] + sum_{ci,i,j} w[kk][ci][i][j] xp[ci][pp*sh + i][qq*sw + j]),
+ * xp the input with its padding already in place (c x hp x wp), ap the weight (k x c*r*s) packed as for
+ * ember_gemm, rows pp in [0, p) and columns in [0, q); work: ember_conv_work_floats(c*r*s) floats. Returns 0,
+ * or -1 where this CPU lacks AVX-512F. */
+__attribute__((target("avx512f"))) static void pack_columns(const float *xp, int c, int hp, int wp, int r, int s,
+                                                            int sw, int row, int x0, int nr, float *bp) {
+    const __mmask16 store = (__mmask16)((1u << NR) - 1);
+    const __m512i every_other = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int ci = 0; ci < c; ci++)
+        for (int i = 0; i < r; i++) {
+            const float *src = xp + ((size_t)ci * hp + row + i) * wp + (size_t)x0 * sw;
+            for (int j = 0; j < s; j++, bp += NR) {
+                __m512 v;
+                if (sw == 1) {
+                    v = _mm512_maskz_loadu_ps((__mmask16)((1u << nr) - 1), src + j);
+                } else if (sw == 2) {  /* the 2*nr - 1 elements spanned, every other one kept */
+                    v = _mm512_permutexvar_ps(every_other,
+                                              _mm512_maskz_loadu_ps((__mmask16)((1u << (2 * nr - 1)) - 1), src + j));
+                } else {
+                    float t[16] = {0};
+                    for (int jj = 0; jj < nr; jj++)
+                        t[jj] = src[j + jj * sw];
+                    v = _mm512_loadu_ps(t);
+                }
+                _mm512_mask_storeu_ps(bp, store, v);
+            }
+        }
+}
+
+__attribute__((target("avx512f"))) static void conv_cl(int c, int hp, int wp, const float *xp, int r, int s,
+                                                       int sh, int sw, int p, int q, const float *ap, int k,
+                                                       const float *bias, int relu, float *y, float *work) {
+    int kred = c * r * s, panels = (k + MR - 1) / MR;
+    float *bp = work, *acc = work + (size_t)kred * NR;
+    const __m512 zero = _mm512_setzero_ps();
+    for (int pp = 0; pp < p; pp++)
+        for (int x0 = 0; x0 < q; x0 += NR) {
+            int nr = q - x0 < NR ? q - x0 : NR;
+            pack_columns(xp, c, hp, wp, r, s, sw, pp * sh, x0, nr, bp);
+            for (int pi = 0; pi < panels; pi++) {
+                const float *panel = ap + (size_t)pi * MR * kred;
+                for (int k0 = 0; k0 < kred; k0 += KC)
+                    kernel(kred - k0 < KC ? kred - k0 : KC, panel + (size_t)k0 * MR, bp + (size_t)k0 * NR, acc,
+                           k0 == 0, NULL);
+                int rows = k - pi * MR < MR ? k - pi * MR : MR;
+                __mmask16 m0 = (__mmask16)(rows >= 16 ? 0xFFFF : (1u << rows) - 1);
+                __mmask16 m1 = (__mmask16)(rows >= 32 ? 0xFFFF : rows > 16 ? (1u << (rows - 16)) - 1 : 0);
+                __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias + pi * MR) : zero;
+                __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + pi * MR + 16) : zero;
+                for (int jj = 0; jj < nr; jj++) {
+                    __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(acc + jj * MR), b0);
+                    __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(acc + jj * MR + 16), b1);
+                    if (relu) {  /* max(0, v) keeps NaN: maxps returns its second operand where either is NaN */
+                        v0 = _mm512_max_ps(zero, v0);
+                        v1 = _mm512_max_ps(zero, v1);
+                    }
+                    float *dst = y + ((size_t)pp * q + x0 + jj) * k + pi * MR;
+                    _mm512_mask_storeu_ps(dst, m0, v0);
+                    _mm512_mask_storeu_ps(dst + 16, m1, v1);
+                }
+            }
+        }
+}
+
+size_t ember_conv_work_floats(int kred) { return (size_t)kred * NR + NR * MR; }
+
+int ember_conv_cl(int c, int hp, int wp, const float *xp, int r, int s, int sh, int sw, int p, int q,
+                  const float *ap, int k, const float *bias, int relu, float *y, float *work) {
+    if (!ember_gemm_supported())
+        return -1;
+    conv_cl(c, hp, wp, xp, r, s, sh, sw, p, q, ap, k, bias, relu, y, work);
+    return 0;
+}
+
 #else
 
 int ember_gemm_supported(void) { return 0; }
+
+size_t ember_conv_work_floats(int kred) { return (size_t)kred * NR + NR * MR; }
+
+int ember_conv_cl(int c, int hp, int wp, const float *xp, int r, int s, int sh, int sw, int p, int q,
+                  const float *ap, int k, const float *bias, int relu, float *y, float *work) {
+    (void)c; (void)hp; (void)wp; (void)xp; (void)r; (void)s; (void)sh; (void)sw; (void)p; (void)q; (void)ap;
+    (void)k; (void)bias; (void)relu; (void)y; (void)work;
+    return -1;
+}
 
 int ember_gemm(int m, int n, int k, const float *ap, const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
                const float *bias, int relu, float *work) {

@@ -430,7 +430,6 @@ class CpuBackend(ComputeBackend):
         # Per band: its pooling rows [i0, i1), the conv rows [a, b) they read and the pooling's padding there.
         bands = [(i0, i1, *_row_band(p, ppt, psh, p_ext, i0, i1)) for i0, i1 in _chunks(oh, parts, secs)]
         scratch = self._scratch
-        scratch.reserve(sum(n * kk * (b - a) * q for _, _, (a, b), _ in bands) * xv.dtype.itemsize)
         wmat = wv.reshape(k, kk)
         b2 = self.array(bias).reshape(-1, 1) if bias is not None else None
         # Where every window holds input (pads smaller than the window), max and relu commute.
@@ -466,15 +465,56 @@ class CpuBackend(ComputeBackend):
 
             return run
 
+        is_relu = act is not None and act.op == "relu" and act.args[0].op == "in"
+        packed = (native.pack(wmat) if native.available() and xv.dtype == np.float32 and dilation == (1, 1)
+                  and (act is None or is_relu) else None)
+        if packed is None:
+            scratch.reserve(sum(n * kk * (b - a) * q for _, _, (a, b), _ in bands) * xv.dtype.itemsize)
+
+        def native_band(i0: int, i1: int, a: int, b: int, top: int, bottom: int) -> Step:
+            """The band through the compiled direct conv (native.conv_step): its input rows copied into a padded
+            buffer of its own (the padding zeros written once, here), the conv with bias and Relu into
+            channels-last rows (no column matrix: the im2col runs a block of columns at a time in cache), then
+            the pooling over those rows, written straight into the output's rows."""
+            pb = b - a
+            (xa, xb), (ctop, cbot) = _row_band(h, pads[0], stride[0], r, a, b)
+            xp = np.zeros((n, c, ctop + (xb - xa) + cbot, pads[1] + wd + pads[3]), xv.dtype)
+            inside = xp[:, :, ctop:ctop + xb - xa, pads[1]:pads[1] + wd]
+            conv = np.empty((n, pb, q, k), xv.dtype)
+            rows = np.empty((n, i1 - i0, q, k), xv.dtype)
+            pooled = np.empty((n, i1 - i0, dst.shape[3], k), xv.dtype)
+            bias_v = self.array(bias).reshape(-1) if bias is not None else None
+            convs = [native.conv_step(packed, xp[i], (r, s), stride, conv[i], bias_v, is_relu) for i in range(n)]
+            # The pooling on (N, K, rows, cols) views of channels-last buffers, then one transposing copy into the
+            # output: pooling straight into the output's NCHW rows took 0.36 ms a band against 0.12 + 0.07.
+            down = _max_pool(conv.transpose(0, 3, 1, 2), rows.transpose(0, 3, 1, 2), (kh, 1), (psh, 1),
+                             (top, 0, bottom, 0), (pdh, 1))
+            across = _max_pool(rows.transpose(0, 3, 1, 2), pooled.transpose(0, 3, 1, 2), (1, kw), (1, psw),
+                               (0, ppl, 0, ppr), (1, pdw))
+            src, out_rows, pooled_t = xv[:, :, xa:xb], dst[:, :, i0:i1], pooled.transpose(0, 3, 1, 2)
+
+            def run() -> None:
+                np.copyto(inside, src)
+                for conv_one in convs:
+                    conv_one()
+                down()
+                across()
+                np.copyto(out_rows, pooled_t)
+
+            return run
+
         def build(buf: np.ndarray | None) -> list[Step]:
-            assert buf is not None
             tasks, off = [], 0
             for i0, i1, (a, b), (top, bottom) in bands:
+                if packed is not None:
+                    tasks.append(native_band(i0, i1, a, b, top, bottom))
+                    continue
+                assert buf is not None
                 tasks.append(band(buf, off, i0, i1, a, b, top, bottom))
                 off += n * kk * (b - a) * q
             return [parallel.Region(pool, tasks)] if len(tasks) > 1 and pool is not None else tasks
 
-        return [_scratch_step(scratch, build)]
+        return [_scratch_step(scratch if packed is None else None, build)]
 
     winograd_tiles = (2, 4)
 

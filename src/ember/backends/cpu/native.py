@@ -40,6 +40,11 @@ def _load() -> ctypes.CDLL | None:
     lib.ember_gemm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_int,
                                ctypes.c_void_p]
+    lib.ember_conv_work_floats.restype = ctypes.c_size_t
+    lib.ember_conv_work_floats.argtypes = [ctypes.c_int]
+    lib.ember_conv_cl.restype = ctypes.c_int
+    lib.ember_conv_cl.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 6 + [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     return lib if lib.ember_gemm_supported() else None
 
 
@@ -101,6 +106,42 @@ def gemm_step(w: Packed, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None =
     def run() -> None:
         if fn(*args) != 0:
             raise RuntimeError("native gemm: this CPU lacks AVX-512F")
+        _calls[0] += 1
+
+    run.keep = keep  # type: ignore[attr-defined]
+    return run
+
+
+def conv_step(w: Packed, xp: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int], y: np.ndarray,
+              bias: np.ndarray | None = None, relu: bool = False) -> Callable[[], None]:
+    """A step computing one image's conv into channels-last y (P, Q, K) from xp (C, Hp, Wp), its padding
+    already in place: y[p, q, :] = w @ window(p, q) (+ bias, then max(., 0) where relu), w from pack() of the
+    (K, C*R*S) weight. The im2col runs a block of columns at a time inside the call (no column matrix)."""
+    assert _LIB is not None
+    r, s = kernel
+    sh, sw = stride
+    if xp.dtype != _F32 or y.dtype != _F32 or xp.ndim != 3 or y.ndim != 3 or not (
+            xp.flags.c_contiguous and y.flags.c_contiguous):
+        raise ValueError(f"native conv: xp (C, H, W) and y (P, Q, K) must be C-contiguous float32, got "
+                         f"{xp.dtype} {xp.shape} and {y.dtype} {y.shape}")
+    c, hp, wp = xp.shape
+    p, q, k = y.shape
+    if w.k != c * r * s or w.m != k or (p - 1) * sh + r > hp or (q - 1) * sw + s > wp:
+        raise ValueError(f"native conv: a ({w.m}, {w.k}) weight with a {r}x{s} window at stride {stride} over "
+                         f"{xp.shape} does not give {y.shape}")
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, _F32).reshape(-1)
+        if bias.shape != (k,):
+            raise ValueError(f"native conv: bias of {bias.shape[0]} for {k} channels")
+    work = np.empty(_LIB.ember_conv_work_floats(w.k), _F32)
+    args = (c, hp, wp, xp.ctypes.data, r, s, sh, sw, p, q, w.panels.ctypes.data, k,
+            bias.ctypes.data if bias is not None else None, int(relu), y.ctypes.data, work.ctypes.data)
+    fn = _LIB.ember_conv_cl
+    keep = (w.panels, xp, y, bias, work)
+
+    def run() -> None:
+        if fn(*args) != 0:
+            raise RuntimeError("native conv: this CPU lacks AVX-512F")
         _calls[0] += 1
 
     run.keep = keep  # type: ignore[attr-defined]
