@@ -93,7 +93,8 @@ def run_conv(be: ember.ComputeBackend, rng: np.random.Generator, xshape, k: int,
     try:
         steps = be.record_conv(View.contiguous(hx, F32, xshape), View.contiguous(hf, F32, f.shape),
                                View.contiguous(hb, F32, (k,)) if bias else None,
-                               View.contiguous(ho, F32, (n, k, p, q)), stride, pads, dilation, groups, act)
+                               View.contiguous(ho, F32, (n, k, p, q)), stride, pads, dilation, groups, act,
+                               const_weight=True)
         be.execute(steps)
         got = download(be, ho, (n, k, p, q))
     finally:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ember.backends.base import View
-from ember.backends.cpu import CpuBackend, backend, parallel
+from ember.backends.cpu import CpuBackend, backend, native, parallel
 from ember.backends.expr import call, inp
 
 from .helpers import download, poisoned, rel_err, upload
@@ -46,7 +46,7 @@ def conv(be: CpuBackend, hx: int, xshape: tuple[int, ...], f: np.ndarray, b: np.
     ho = poisoned(be, n * k * p * q)
     bias = View.contiguous(upload(be, b), F32, (k,)) if b is not None else None
     steps = be.record_conv(View.contiguous(hx, F32, xshape), View.contiguous(upload(be, f), F32, f.shape), bias,
-                           View.contiguous(ho, F32, (n, k, p, q)), stride, pads, (1, 1), 1, act)
+                           View.contiguous(ho, F32, (n, k, p, q)), stride, pads, (1, 1), 1, act, const_weight=True)
     return steps, ho, (n, k, p, q)
 
 
@@ -84,8 +84,14 @@ def test_dependent_convs_keep_their_barrier(regions: list[list[int]], rng: np.ra
     assert rel_err(download(be, h2, s2), want) <= TOL
 
 
-def test_two_im2col_convs_keep_their_barrier(regions: list[list[int]], rng: np.random.Generator) -> None:
-    """Independent, but both fill the backend's one im2col scratch buffer: two regions."""
+@pytest.mark.parametrize("direct", [False, True], ids=["im2col", "native-direct"])
+def test_two_window_convs(monkeypatch: pytest.MonkeyPatch, regions: list[list[int]], rng: np.random.Generator,
+                          direct: bool) -> None:
+    """Independent convs: through im2col both fill the backend's one scratch buffer, so two regions; through the
+    compiled direct conv (no scratch) one region of four tasks."""
+    if direct and not native.available():
+        pytest.skip("the compiled kernels are not built here, or this CPU lacks AVX-512F")
+    monkeypatch.setattr(backend, "DIRECT_NATIVE", direct)
     be = CpuBackend().init()
     xshape = (1, 16, 20, 20)
     x = rng.standard_normal(xshape).astype(np.float32)
@@ -95,7 +101,7 @@ def test_two_im2col_convs_keep_their_barrier(regions: list[list[int]], rng: np.r
     a, ha, sa = conv(be, hx, xshape, fa, None, (2, 2), (1, 1, 1, 1))
     b, hb, sb = conv(be, hx, xshape, fb, None, (1, 1), (1, 1, 1, 1))
     be.execute(a + b)
-    assert regions[-1] == [2, 2]
+    assert regions[-1] == ([4] if direct else [2, 2])
     assert rel_err(download(be, ha, sa), conv_ref(x, fa, None, (2, 2), (1, 1, 1, 1))) <= TOL
     assert rel_err(download(be, hb, sb), conv_ref(x, fb, None, (1, 1), (1, 1, 1, 1))) <= TOL
 

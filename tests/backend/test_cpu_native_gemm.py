@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.backends.cpu import native, parallel
+from ember.backends.cpu import backend, native, parallel
 
 from . import test_cpu_conv_maxpool as stem
 from . import test_cpu_split as split
@@ -78,20 +78,27 @@ def test_gemm_rejects_bad_operands(rng: np.random.Generator) -> None:
 CHANNEL_SPLITS = split.CONVS[2:6]
 
 
-@pytest.mark.parametrize("native_on", [True, False], ids=["native", "numpy"])
+@pytest.mark.parametrize("path", ["direct", "gemm", "numpy"])
 @pytest.mark.parametrize("conv", CHANNEL_SPLITS)
-def test_weight_heavy_convs_with_and_without_it(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator, conv,
-                                                native_on: bool) -> None:
-    """Convs split by input channels (more output channels than positions) multiply through the compiled GEMM
-    where it is available, and through numpy where it is off; the same result either way."""
-    if native_on and not native.available():
-        pytest.skip("the compiled GEMM is not built here, or this CPU lacks AVX-512F")
-    if not native_on:
+def test_weight_heavy_convs_on_every_path(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator, conv,
+                                          path: str) -> None:
+    """Convs with more output channels than positions: split by output channels through the compiled direct conv
+    (the default where it is available); split by input channels with the compiled GEMM where the direct conv is
+    off (backend.DIRECT_NATIVE; it also declines dilated convs); through numpy without the library. The same
+    result every way."""
+    if path != "numpy" and not native.available():
+        pytest.skip("the compiled kernels are not built here, or this CPU lacks AVX-512F")
+    if path == "numpy":
         monkeypatch.setattr(native, "_LIB", None)
+    monkeypatch.setattr(backend, "DIRECT_NATIVE", path == "direct")
     monkeypatch.setattr(parallel, "pool", lambda: split._POOL)
     before = native.calls()
     split.test_conv_split_matches_reference(*conv, rng=rng)
-    assert (native.calls() > before) == native_on
+    assert (native.calls() > before) == (path != "numpy")
+
+
+def test_channel_splits_are_covered() -> None:
+    assert len(CHANNEL_SPLITS) >= 4
 
 
 @needs_native
@@ -142,3 +149,33 @@ def test_stem_with_pool_with_and_without_it(monkeypatch: pytest.MonkeyPatch, cas
     before = native.calls()
     stem.test_conv_maxpool_fused(*stem.CASES[case], with_bias=True)
     assert (native.calls() > before) == native_on
+
+
+@pytest.mark.parametrize("const_weight", [False, True])
+def test_a_weight_that_changes_is_read_every_run(rng: np.random.Generator, const_weight: bool) -> None:
+    """record_conv packs a weight for the compiled kernels only where the caller says it stays the same
+    (const_weight: a model's initializer). A weight written between runs (a graph input, or one a step computes,
+    as ConvTranspose's flipped filter) is read afresh every run."""
+    from ember.backends.base import View
+    from ember.backends.cpu import CpuBackend
+
+    from .helpers import download, poisoned, upload
+    from .test_conv2d import F32
+
+    be = CpuBackend().init()
+    x = rng.standard_normal((1, 16, 9, 9)).astype(np.float32)
+    f1, f2 = (rng.standard_normal((32, 16, 3, 3)).astype(np.float32) for _ in range(2))
+    hx, hf, ho = upload(be, x), upload(be, f1), poisoned(be, 32 * 81)
+    steps = be.record_conv(View.contiguous(hx, F32, x.shape), View.contiguous(hf, F32, f1.shape), None,
+                           View.contiguous(ho, F32, (1, 32, 9, 9)), (1, 1), (1, 1, 1, 1), (1, 1), 1,
+                           const_weight=const_weight)
+    before = native.calls()
+    be.execute(steps)
+    np.testing.assert_allclose(download(be, ho, (1, 32, 9, 9)), conv_ref(x, f1, None, (1, 1), (1,) * 4, (1, 1)),
+                               rtol=1e-4, atol=1e-4)
+    assert (native.calls() > before) == (const_weight and native.available())
+    if not const_weight:
+        be.upload(hf, f2)
+        be.execute(steps)
+        np.testing.assert_allclose(download(be, ho, (1, 32, 9, 9)), conv_ref(x, f2, None, (1, 1), (1,) * 4, (1, 1)),
+                                   rtol=1e-4, atol=1e-4)

@@ -57,7 +57,7 @@ def test_conv_split_matches_reference(xshape, wshape, stride, pads, dil, groups,
     hx, hf, ho = upload(be, x), upload(be, f), poisoned(be, n * k * p * q)
     bias = View.contiguous(upload(be, b), F32, (k,)) if b is not None else None
     steps = be.record_conv(View.contiguous(hx, F32, xshape), View.contiguous(hf, F32, f.shape), bias,
-                           View.contiguous(ho, F32, (n, k, p, q)), stride, pads, dil, groups, act)
+                           View.contiguous(ho, F32, (n, k, p, q)), stride, pads, dil, groups, act, const_weight=True)
     ref = conv_ref(x, f, b, stride, pads, dil, groups, act)
     for _ in range(2):
         be.execute(steps)

@@ -476,9 +476,10 @@ class ComputeBackend(ABC):
     @abstractmethod
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
-                    act: Any = None, residual: View | None = None) -> list:
+                    act: Any = None, residual: View | None = None, const_weight: bool = False) -> list:
         """2-D convolution, NCHW, filter (K, C/groups, R, S), pads (top, left, bottom, right):
-        out = act(conv + bias + residual); `residual` only where `conv_residual` says so."""
+        out = act(conv + bias + residual); `residual` only where `conv_residual` says so. `const_weight`: w holds
+        the same values on every run from here on (a model's initializer), so the backend may repack it now."""
 
     def conv_maxpool_fits(self, xshape: tuple[int, ...], wshape: tuple[int, ...], out_shape: tuple[int, ...],
                           groups: int) -> bool:
@@ -488,7 +489,8 @@ class ComputeBackend(ABC):
     def record_conv_maxpool(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                             pads: tuple[int, int, int, int], dilation: tuple[int, int], act: Any,
                             conv_hw: tuple[int, int], kernel: tuple[int, int], pool_stride: tuple[int, int],
-                            pool_pads: tuple[int, int, int, int], pool_dilation: tuple[int, int]) -> list:
+                            pool_pads: tuple[int, int, int, int], pool_dilation: tuple[int, int],
+                            const_weight: bool = False) -> list:
         """out = MaxPool(act(conv(x) + bias)), the conv as record_conv's (output conv_hw), the pooling as
         record_pool's "max"; only where `conv_maxpool_fits` said so."""
         raise NotImplementedError(f"{type(self).__name__} has no fused conv + max pooling")

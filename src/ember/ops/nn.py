@@ -84,7 +84,8 @@ class Conv(Op):
             res = residual_view(ctx, residual, out4) if residual is not None else None
             if m is not None:  # wv is the transformed filter U
                 return ctx.backend.record_conv_winograd(xv, wv, bias, o4, pads4, m, act, residual=res)
-            return ctx.backend.record_conv(xv, wv, bias, o4, strides, pads4, dil, g, act, residual=res)
+            return ctx.backend.record_conv(xv, wv, bias, o4, strides, pads4, dil, g, act, residual=res,
+                                           const_weight=w.value is not None)
 
         t = anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias], takes_bias=ctx.backend.conv_residual)
         be = ctx.backend
@@ -92,7 +93,7 @@ class Conv(Op):
             def record_pool(out: View, act: Expr | None, kernel: tuple, pstrides: tuple, ppads: tuple,
                             pdil: tuple) -> list:
                 return ctx.backend.record_conv_maxpool(xv, wv, bias, out, strides, pads4, dil, act, out4[2:], kernel,
-                                                       pstrides, ppads, pdil)
+                                                       pstrides, ppads, pdil, const_weight=w.value is not None)
 
             t.lazy.pool = record_pool
         return [t]

@@ -215,7 +215,8 @@ class CpuBackend(ComputeBackend):
 
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
-                    act: Expr | None = None, residual: View | None = None) -> list[Step]:
+                    act: Expr | None = None, residual: View | None = None, const_weight: bool = False
+                    ) -> list[Step]:
         xv, wv, dst = self.array(x), self.array(w), self.array(out)
         # With a residual, the parts add their bias only; one pass over the output then adds the residual and
         # applies the activation (Winograd convs fold both into their last pass instead).
@@ -280,6 +281,9 @@ class CpuBackend(ComputeBackend):
 
         # `build` makes the step's parts, given the scratch buffer where the conv uses it.
         scratch: _Scratch | None = None
+        # The compiled kernels pack the weight once, here: only for a weight that stays the same (const_weight).
+        native_ok = const_weight and native.available() and xv.dtype == np.float32
+        native_direct = native_ok and DIRECT_NATIVE and groups == 1 and dilation == (1, 1) and r * s > 1 and sw <= 2
         if groups == c and cg == 1 and k == c:
             # Depthwise: shifted multiply-adds over bands of channels, each small enough (~64K outputs) that
             # its 2 * r * s passes stay in the core's cache; a multiple of `threads` bands keeps cores even.
@@ -321,6 +325,44 @@ class CpuBackend(ComputeBackend):
                 else:
                     tasks = [strided(i, 0, k, p0, p1) for i in range(n) for p0, p1 in _chunks(p, parts, secs)]
                 return run_tasks(tasks)
+        elif native_direct:
+            # The compiled direct conv (native.conv_step): no column matrix, the im2col runs a block of output
+            # columns at a time inside the call. Each task copies the input rows it reads into a padded buffer
+            # of its own, computes its part channels-last (bias, and a plain Relu, fused), and copies it
+            # transposed into the output. Split by output channels (32-row panels of the packed weight) where the
+            # weight outweighs the columns, else by images, else by bands of output rows.
+            relu = act is not None and act.op == "relu" and act.args[0].op == "in"
+            bias_v = self.array(bias).reshape(-1) if bias is not None else None
+            panels = -(-k // native.MR)
+            if by_k and parts > 1 and panels >= parts:
+                splits = [((0, n), (a * native.MR, min(k, b * native.MR)), (0, p))
+                          for a, b in _chunks(panels, parts, secs)]
+            elif n >= parts:
+                splits = [((a, b), (0, k), (0, p)) for a, b in _chunks(n, parts, secs)]
+            else:
+                splits = [((0, n), (0, k), band) for band in _chunks(p, parts, secs)]
+            packs = {ks: native.pack(wv.reshape(k, kk)[ks[0]:ks[1]]) for _, ks, _ in splits}
+
+            def direct(images: tuple[int, int], ks: tuple[int, int], rows: tuple[int, int]) -> Step:
+                (i0, i1), (k0, k1), (p0, p1) = images, ks, rows
+                (xa, xb), (top, bottom) = _row_band(h, pads[0], sh, r, p0, p1)
+                xp = np.zeros((c, top + xb - xa + bottom, pads[1] + wd + pads[3]), xv.dtype)
+                inside = xp[:, top:top + xb - xa, pads[1]:pads[1] + wd]
+                y = np.empty((p1 - p0, q, k1 - k0), xv.dtype)
+                conv = native.conv_step(packs[ks], xp, (r, s), stride, y,
+                                        bias_v[k0:k1] if bias_v is not None else None, relu)
+                yt = y.transpose(2, 0, 1)
+                steps: list[Step] = []
+                for i in range(i0, i1):
+                    out_i = dst[i, k0:k1, p0:p1]
+                    steps += [functools.partial(np.copyto, inside, xv[i, :, xa:xb]), conv,
+                              functools.partial(np.copyto, out_i, yt)]
+                    if act is not None and not relu:
+                        steps.append(_epilogue(act, out_i))
+                return _seq(*steps)
+
+            def build(_: np.ndarray | None) -> list[Step]:
+                return run_tasks([direct(*split) for split in splits])
         else:
             # im2col, then products writing the output in place. The column matrices live in the backend's
             # shared scratch buffer: ResNet-18's would take 40 MB apart, each written cold (2.5 ms a run).
@@ -343,8 +385,7 @@ class CpuBackend(ComputeBackend):
             # It wins where the columns are few (layer 4 at batch 1, 49: 1.2-1.4x OpenBLAS's speed a thread); with
             # 196 and more OpenBLAS's packing pays for itself (bench/bench_cpu_native.py).
             packed = ([native.pack(wmat[0, :, c0 * r * s:c1 * r * s]) for c0, c1 in c_parts]
-                      if by_c and p * q <= native.MAX_COLUMNS and native.available() and xv.dtype == np.float32
-                      else None)
+                      if by_c and p * q <= native.MAX_COLUMNS and native_ok else None)
 
             def build(buf: np.ndarray | None) -> list[Step]:
                 assert buf is not None
@@ -411,7 +452,8 @@ class CpuBackend(ComputeBackend):
     def record_conv_maxpool(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                             pads: tuple[int, int, int, int], dilation: tuple[int, int], act: Expr | None,
                             conv_hw: tuple[int, int], kernel: tuple[int, int], pool_stride: tuple[int, int],
-                            pool_pads: tuple[int, int, int, int], pool_dilation: tuple[int, int]) -> list[Step]:
+                            pool_pads: tuple[int, int, int, int], pool_dilation: tuple[int, int],
+                            const_weight: bool = False) -> list[Step]:
         """The conv by bands of rows as record_conv does, each band followed by its rows of the max pooling, in
         one parallel region: a band computes the conv rows its pooling rows read (the one row two bands share,
         twice) into memory of its own. Separately, ResNet-18's stem and pooling were two regions, and the
@@ -466,8 +508,8 @@ class CpuBackend(ComputeBackend):
             return run
 
         is_relu = act is not None and act.op == "relu" and act.args[0].op == "in"
-        packed = (native.pack(wmat) if native.available() and xv.dtype == np.float32 and dilation == (1, 1)
-                  and (act is None or is_relu) else None)
+        packed = (native.pack(wmat) if const_weight and native.available() and xv.dtype == np.float32
+                  and dilation == (1, 1) and (act is None or is_relu) else None)
         if packed is None:
             scratch.reserve(sum(n * kk * (b - a) * q for _, _, (a, b), _ in bands) * xv.dtype.itemsize)
 
@@ -809,6 +851,9 @@ def _scratch_step(scratch: _Scratch | None, build: Callable[[np.ndarray | None],
 # `parts` (or fewer) ranges covering range(total), one per thread: the first a little larger (parallel.LEAD).
 _chunks = parallel.spans
 
+
+# Convs (one group, no dilation, a window) through the compiled direct conv where it is available.
+DIRECT_NATIVE = True
 
 # Products smaller than this (multiply-adds) run whole on the calling thread: a hand-off to the pool costs more.
 _SPLIT_MACS = 1 << 20

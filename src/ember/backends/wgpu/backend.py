@@ -628,7 +628,7 @@ class WgpuBackend(ComputeBackend):
 
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
-                    act: Expr | None = None, residual: View | None = None) -> list:
+                    act: Expr | None = None, residual: View | None = None, const_weight: bool = False) -> list:
         from .conv import record_conv
 
         return record_conv(self, x, w, bias, out, stride, pads, dilation, groups, act, residual)
