@@ -28,6 +28,7 @@
 #define NR 7   /* ResNet's spatial sizes (56, 28, 14, 7) are multiples of 7: no padded columns */
 #define KC 256
 #define NC (NR * 28)  /* columns per chunk: 196 */
+#define CB 28         /* output blocks per chunk of the direct conv */
 
 size_t ember_gemm_work_floats(int n, int k) {
     size_t nc = n < NC ? (size_t)n : NC;
@@ -133,7 +134,7 @@ int ember_gemm(int m, int n, int k, const float *ap, const float *b, ptrdiff_t l
  * a time into L1 instead of through memory (a stem: few input channels, a big window):
  *   y[pp][qq][kk] = act(bias[kk] + sum_{ci,i,j} w[kk][ci][i][j] xp[ci][pp*sh + i][qq*sw + j]),
  * xp the input with its padding already in place (c x hp x wp), ap the weight (k x c*r*s) packed as for
- * ember_gemm, rows pp in [0, p) and columns in [0, q); work: ember_conv_work_floats(c*r*s) floats. Returns 0,
+ * ember_gemm, rows pp in [0, p) and columns in [0, q); work: ember_conv_work_floats(c*r*s, p, q) floats. Returns 0,
  * or -1 where this CPU lacks AVX-512F. */
 __attribute__((target("avx512f"))) static void pack_columns(const float *xp, int c, int hp, int wp, int r, int s,
                                                             int sw, int row, int x0, int nr, float *bp) {
@@ -160,29 +161,48 @@ __attribute__((target("avx512f"))) static void pack_columns(const float *xp, int
         }
 }
 
+/* Output blocks (NR columns of one output row) are taken CB at a time: their packed columns (kred x NR each)
+ * stay in L2 while every panel of the weight streams past them once, each K slice of a panel (32 KB) held in
+ * L1 across the blocks, as in chunk(). Layer 4 of ResNet-18 at batch 1 is 7 blocks: its weight is read once
+ * (a block at a time, it was read once per output row). */
+
 __attribute__((target("avx512f"))) static void conv_cl(int c, int hp, int wp, const float *xp, int r, int s,
                                                        int sh, int sw, int p, int q, const float *ap, int k,
                                                        const float *bias, int relu, float *y, float *work) {
     int kred = c * r * s, panels = (k + MR - 1) / MR;
-    float *bp = work, *acc = work + (size_t)kred * NR;
+    int per_row = (q + NR - 1) / NR, total = p * per_row;
+    int cb = total < CB ? total : CB;
+    float *bp = work, *acc = work + (size_t)cb * kred * NR;
     const __m512 zero = _mm512_setzero_ps();
-    for (int pp = 0; pp < p; pp++)
-        for (int x0 = 0; x0 < q; x0 += NR) {
-            int nr = q - x0 < NR ? q - x0 : NR;
-            pack_columns(xp, c, hp, wp, r, s, sw, pp * sh, x0, nr, bp);
-            for (int pi = 0; pi < panels; pi++) {
-                const float *panel = ap + (size_t)pi * MR * kred;
-                for (int k0 = 0; k0 < kred; k0 += KC)
-                    kernel(kred - k0 < KC ? kred - k0 : KC, panel + (size_t)k0 * MR, bp + (size_t)k0 * NR, acc,
-                           k0 == 0, NULL);
-                int rows = k - pi * MR < MR ? k - pi * MR : MR;
-                __mmask16 m0 = (__mmask16)(rows >= 16 ? 0xFFFF : (1u << rows) - 1);
-                __mmask16 m1 = (__mmask16)(rows >= 32 ? 0xFFFF : rows > 16 ? (1u << (rows - 16)) - 1 : 0);
-                __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias + pi * MR) : zero;
-                __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + pi * MR + 16) : zero;
+    for (int b0 = 0; b0 < total; b0 += cb) {
+        int nb = total - b0 < cb ? total - b0 : cb;
+        for (int bi = 0; bi < nb; bi++) {
+            int pp = (b0 + bi) / per_row, x0 = (b0 + bi) % per_row * NR;
+            pack_columns(xp, c, hp, wp, r, s, sw, pp * sh, x0, q - x0 < NR ? q - x0 : NR,
+                         bp + (size_t)bi * kred * NR);
+        }
+        for (int pi = 0; pi < panels; pi++) {
+            const float *panel = ap + (size_t)pi * MR * kred;
+            for (int k0 = 0; k0 < kred; k0 += KC) {
+                int kc = kred - k0 < KC ? kred - k0 : KC;
+                const float *next = k0 + KC < kred ? panel + (size_t)(k0 + KC) * MR
+                                  : (pi + 1 < panels ? panel + (size_t)MR * kred : NULL);
+                for (int bi = 0; bi < nb; bi++)
+                    kernel(kc, panel + (size_t)k0 * MR, bp + ((size_t)bi * kred + k0) * NR,
+                           acc + (size_t)bi * NR * MR, k0 == 0, bi == 0 ? next : NULL);
+            }
+            int rows = k - pi * MR < MR ? k - pi * MR : MR;
+            __mmask16 m0 = (__mmask16)(rows >= 16 ? 0xFFFF : (1u << rows) - 1);
+            __mmask16 m1 = (__mmask16)(rows >= 32 ? 0xFFFF : rows > 16 ? (1u << (rows - 16)) - 1 : 0);
+            __m512 b0v = bias ? _mm512_maskz_loadu_ps(m0, bias + pi * MR) : zero;
+            __m512 b1v = bias ? _mm512_maskz_loadu_ps(m1, bias + pi * MR + 16) : zero;
+            for (int bi = 0; bi < nb; bi++) {
+                int pp = (b0 + bi) / per_row, x0 = (b0 + bi) % per_row * NR;
+                int nr = q - x0 < NR ? q - x0 : NR;
+                const float *a = acc + (size_t)bi * NR * MR;
                 for (int jj = 0; jj < nr; jj++) {
-                    __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(acc + jj * MR), b0);
-                    __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(acc + jj * MR + 16), b1);
+                    __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(a + jj * MR), b0v);
+                    __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(a + jj * MR + 16), b1v);
                     if (relu) {  /* max(0, v) keeps NaN: maxps returns its second operand where either is NaN */
                         v0 = _mm512_max_ps(zero, v0);
                         v1 = _mm512_max_ps(zero, v1);
@@ -193,9 +213,13 @@ __attribute__((target("avx512f"))) static void conv_cl(int c, int hp, int wp, co
                 }
             }
         }
+    }
 }
 
-size_t ember_conv_work_floats(int kred) { return (size_t)kred * NR + NR * MR; }
+size_t ember_conv_work_floats(int kred, int p, int q) {
+    size_t total = (size_t)p * ((q + NR - 1) / NR), cb = total < CB ? total : CB;
+    return cb * kred * NR + cb * NR * MR;
+}
 
 int ember_conv_cl(int c, int hp, int wp, const float *xp, int r, int s, int sh, int sw, int p, int q,
                   const float *ap, int k, const float *bias, int relu, float *y, float *work) {
@@ -209,7 +233,10 @@ int ember_conv_cl(int c, int hp, int wp, const float *xp, int r, int s, int sh, 
 
 int ember_gemm_supported(void) { return 0; }
 
-size_t ember_conv_work_floats(int kred) { return (size_t)kred * NR + NR * MR; }
+size_t ember_conv_work_floats(int kred, int p, int q) {
+    size_t total = (size_t)p * ((q + NR - 1) / NR), cb = total < CB ? total : CB;
+    return cb * kred * NR + cb * NR * MR;
+}
 
 int ember_conv_cl(int c, int hp, int wp, const float *xp, int r, int s, int sh, int sw, int p, int q,
                   const float *ap, int k, const float *bias, int relu, float *y, float *work) {

@@ -41,7 +41,7 @@ def _load() -> ctypes.CDLL | None:
                                ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_int,
                                ctypes.c_void_p]
     lib.ember_conv_work_floats.restype = ctypes.c_size_t
-    lib.ember_conv_work_floats.argtypes = [ctypes.c_int]
+    lib.ember_conv_work_floats.argtypes = [ctypes.c_int] * 3
     lib.ember_conv_cl.restype = ctypes.c_int
     lib.ember_conv_cl.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 6 + [
         ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
@@ -133,7 +133,7 @@ def conv_step(w: Packed, xp: np.ndarray, kernel: tuple[int, int], stride: tuple[
         bias = np.ascontiguousarray(bias, _F32).reshape(-1)
         if bias.shape != (k,):
             raise ValueError(f"native conv: bias of {bias.shape[0]} for {k} channels")
-    work = np.empty(_LIB.ember_conv_work_floats(w.k), _F32)
+    work = np.empty(_LIB.ember_conv_work_floats(w.k, p, q), _F32)
     args = (c, hp, wp, xp.ctypes.data, r, s, sh, sw, p, q, w.panels.ctypes.data, k,
             bias.ctypes.data if bias is not None else None, int(relu), y.ctypes.data, work.ctypes.data)
     fn = _LIB.ember_conv_cl
