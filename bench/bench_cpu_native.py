@@ -1,12 +1,14 @@
-"""The cpu backend's compiled GEMM (weights packed at load, backends/cpu/_gemm.c) against numpy's OpenBLAS, one
-thread, on the products ResNet-18's convs make at batch 1.
+"""The cpu backend's compiled kernels (weights packed at load, backends/cpu/_gemm.c) against numpy's OpenBLAS, one
+thread, on the work ResNet-18's convs make at batch 1.
 
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python bench/bench_cpu_native.py [--reps 21]
 
-Per shape (M x K @ K x N: a thread's part of a conv's weight times its im2col columns): GMAC/s of np.matmul and of
-the compiled kernel, warm (operands in cache from the run before) and cold (a 64 MB pass between runs pushes
-them out, as a network's other layers do), and the ratio. native.MAX_COLUMNS, the widest product the backend
-hands the kernel, comes from this table.
+Two tables, GMAC/s warm (operands in cache from the run before) and cold (a 64 MB pass between runs pushes them
+out, as a network's other layers do):
+- the GEMM per product shape (M x K @ K x N: a thread's part of a conv's weight times its im2col columns),
+  against np.matmul; native.MAX_COLUMNS, the widest product the backend hands it, comes from this table;
+- the direct conv (its im2col inside, a block of columns at a time) per conv shape, against np.matmul of the
+  same product with the column matrix already made: OpenBLAS's side leaves out the im2col it would need.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ SHAPES = [  # M, K, N, what
     (256, 576, 196, "layer 3's 3x3/2, a thread's input channels"),
     (128, 576, 392, "layer 2's 3x3/2, a band of rows"),
     (64, 147, 6384, "the stem, a band of rows"),
+]
+CONVS = [  # C, H = W, K, stride, what (3x3, pads 1, one image; K a thread's share of the output channels)
+    (512, 7, 256, 1, "layer 4 3x3, half the output channels"),
+    (256, 14, 256, 2, "layer 4's 3x3/2, half the output channels"),
+    (128, 28, 128, 2, "layer 3's 3x3/2, half the output channels"),
+    (64, 56, 128, 2, "layer 2's 3x3/2, whole"),
 ]
 
 
@@ -62,6 +70,23 @@ def main() -> int:
             mine = median_s(step, cold)
             cells.append(f"{m * k * n / blas / 1e9:5.1f} / {m * k * n / mine / 1e9:5.1f} ({blas / mine:.2f}x)")
         print(f"{f'{m}x{k} @ {k}x{n}':>20s}  {what:44s} {cells[0]:>28s} {cells[1]:>22s}")
+
+    print(f"\n{'direct conv':>20s}  {'what':44s} {'warm: blas / native GMAC/s':>28s} {'cold: blas / native':>22s}")
+    for c, size, k, stride, what in CONVS:
+        p = (size + 2 - 3) // stride + 1
+        w = rng.standard_normal((k, c * 9), dtype=np.float32)
+        xp = rng.standard_normal((c, size + 2, size + 2), dtype=np.float32)
+        y = np.empty((p, p, k), np.float32)
+        step = native.conv_step(native.pack(w), xp, (3, 3), (stride, stride), y)
+        cols = rng.standard_normal((c * 9, p * p), dtype=np.float32)
+        out = np.empty((k, p * p), np.float32)
+        macs = k * c * 9 * p * p
+        cells = []
+        for cold in (False, True):
+            blas = median_s(lambda: np.matmul(w, cols, out=out), cold)  # noqa: B023
+            mine = median_s(step, cold)
+            cells.append(f"{macs / blas / 1e9:5.1f} / {macs / mine / 1e9:5.1f} ({blas / mine:.2f}x)")
+        print(f"{f'{c}->{k} {size}x{size} /{stride}':>20s}  {what:44s} {cells[0]:>28s} {cells[1]:>22s}")
     return 0
 
 

@@ -1,9 +1,12 @@
-/* ember's cpu GEMM with weights packed once, at load: C = A @ B (+ bias), A (M x K) a layer's weights.
+/* ember's cpu kernels over a weight packed once, at load (launch code: native.py):
+ *   ember_conv_cl  a direct convolution into channels-last rows, its im2col a block of output columns at a time;
+ *   ember_gemm     C = A @ B (+ bias), A (M x K) a layer's weight.
  *
  * Why not OpenBLAS (numpy's): it packs both operands on every call. For a conv whose weight outweighs its
  * columns (ResNet-18's layer 4 at batch 1: 512 x 4608 @ 4608 x 49) that is 9.4 MB read cold from memory
- * and copied, every run, before any arithmetic; OpenBLAS has no API to keep packed panels between calls.
- * Here the weight is packed at load, and streamed with software prefetch while the products run.
+ * and copied, every run, before any arithmetic; OpenBLAS has no API to keep packed panels between calls. And
+ * an im2col conv first writes its column matrix out (the stem's: 7.5 MB). Here the weight is packed at load,
+ * streamed with software prefetch while the products run, and the direct conv's columns never leave the cache.
  *
  * Layouts (float32):
  *   ap    A packed in panels of MR = 32 rows: [ceil(M/32)][K][32], rows past M zero.
@@ -13,9 +16,10 @@
  *         ([blocks][K][NR], the last block zero-padded) and the accumulators of one panel.
  * Loop order: per chunk of N (its packed B stays in L2), per panel of A, per KC slice of K (the A slice,
  * 32 KB, stays in L1 across the chunk's column blocks), per block of NR columns: the micro-kernel, 32 x NR
- * outputs in registers (2 x NR zmm accumulators), one FMA pair per column a k-step.
+ * outputs in registers (2 x NR zmm accumulators), one FMA pair per column a k-step. The direct conv packs its
+ * blocks of columns from the (padded) input instead, and runs the same loops.
  *
- * The kernel needs AVX-512F; ember_gemm_supported() says whether this CPU has it (numpy runs the product
+ * The kernels need AVX-512F; ember_gemm_supported() says whether this CPU has it (numpy runs the convs
  * otherwise). Built without -mavx512f: only the kernel functions carry the target attribute, so the library
  * loads on any x86-64 and elsewhere compiles to stubs.
  */

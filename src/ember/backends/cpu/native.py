@@ -1,7 +1,9 @@
-"""Launch code for the cpu backend's compiled GEMM (`_gemm.c`: C = A @ B + bias, A a weight packed at load).
+"""Launch code for the cpu backend's compiled kernels (`_gemm.c`), both over a weight packed once at load:
+`conv_step`, a direct conv into channels-last rows (its im2col a block of columns at a time, in cache), and
+`gemm_step`, C = A @ B + bias.
 
 The library is an optional part of the install (setup.py): where it was not built, or the CPU lacks AVX-512F,
-or EMBER_NATIVE_GEMM=0, `available()` is False and the backend multiplies with numpy (OpenBLAS) as before.
+or EMBER_NATIVE_GEMM=0, `available()` is False and the backend runs those convs with numpy (OpenBLAS) instead.
 It is called through ctypes, which releases the GIL for the call: two pool threads run it side by side.
 """
 
