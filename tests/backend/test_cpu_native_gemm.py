@@ -179,3 +179,51 @@ def test_a_weight_that_changes_is_read_every_run(rng: np.random.Generator, const
         be.execute(steps)
         np.testing.assert_allclose(download(be, ho, (1, 32, 9, 9)), conv_ref(x, f2, None, (1, 1), (1,) * 4, (1, 1)),
                                    rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("native_on", [True, False], ids=["native", "numpy"])
+@pytest.mark.parametrize("xshape,rs,stride,pads,act", [
+    ((1, 32, 17, 19), (3, 3), (1, 1), (1, 1, 1, 1), "relu6"),  # MobileNet's, odd sizes: row tails
+    ((2, 24, 20, 18), (3, 3), (2, 2), (1, 1, 1, 1), "relu"),   # stride 2, batch 2
+    ((1, 8, 40, 37), (5, 5), (2, 1), (2, 1, 2, 3), None),      # 5x5, mixed strides, asymmetric pads
+    ((1, 16, 9, 9), (3, 3), (1, 1), (0, 0, 0, 0), "sigmoid"),  # not a clamp: numpy applies it after
+])
+def test_depthwise_with_and_without_it(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator, native_on: bool,
+                                       xshape, rs, stride, pads, act) -> None:
+    """Depthwise convs run through the compiled kernel where it is available (bias and a clamp fused, the weight
+    read at run time: here rewritten between runs), else through numpy; NaN in the input stays NaN."""
+    from ember.backends.base import View
+    from ember.backends.cpu import CpuBackend
+    from ember.backends.expr import call, const, inp
+
+    from .helpers import download, poisoned, upload
+    from .test_conv2d import F32, out_hw
+
+    if native_on and not native.available():
+        pytest.skip("the compiled kernels are not built here, or this CPU lacks AVX-512F")
+    if not native_on:
+        monkeypatch.setattr(native, "_LIB", None)
+    acts = {"relu": call("relu", inp(0)), "relu6": call("min", call("max", inp(0), const(0.0)), const(6.0)),
+            "sigmoid": call("sigmoid", inp(0)), None: None}
+    n, c, h, w = xshape
+    p, q = out_hw(h, w, *rs, stride, pads, (1, 1))
+    x = rng.standard_normal(xshape).astype(np.float32) * 3
+    x[0, 1, 2, 3] = np.nan
+    b = rng.standard_normal(c).astype(np.float32)
+    be = CpuBackend().init()
+    hx, hf, hb, ho = upload(be, x), be.alloc(c * rs[0] * rs[1] * 4), upload(be, b), poisoned(be, n * c * p * q)
+    steps = be.record_conv(View.contiguous(hx, F32, xshape), View.contiguous(hf, F32, (c, 1, *rs)),
+                           View.contiguous(hb, F32, (c,)), View.contiguous(ho, F32, (n, c, p, q)), stride, pads,
+                           (1, 1), c, acts[act])
+    for _ in range(2):
+        f = rng.standard_normal((c, 1, *rs)).astype(np.float32)
+        be.upload(hf, f)
+        before = native.calls()
+        be.execute(steps)
+        got = download(be, ho, (n, c, p, q))
+        assert (native.calls() > before) == (native_on and act != "sigmoid")
+        ref = conv_ref(x, f, b, stride, pads, (1, 1), c)
+        ref = {"relu": np.maximum(ref, 0), "relu6": np.clip(ref, 0, 6), "sigmoid": 1 / (1 + np.exp(-ref)),
+               None: ref}[act]
+        assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.isnan(got).any()
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.nanmax(np.abs(ref)))

@@ -233,9 +233,63 @@ int ember_conv_cl(int c, int hp, int wp, const float *xp, int r, int s, int sh, 
     return 0;
 }
 
+/* Depthwise convolution (one filter per channel), from the input split into its sh x sw stride phases with the
+ * padding in place (as backend._depthwise lays them out): tap (i, j) of output row y reads phase
+ * (i % sh, j % sw) from row y + i / sh, column x + j / sw on, so every tap is a contiguous run. 16 outputs of
+ * a row a vector, the r*s taps as FMAs with the channel's weights broadcast, bias and clamp to [lo, hi] fused.
+ *   phases  [sh][sw][planes][ph_h][ph_w], planes = n * c (image-major), phase blocks `phase_stride` apart
+ *   w       [c][r*s]; bias [c] or NULL
+ *   y       plane (image i, channel ch) at y + i*y_n + ch*y_c, rows of q at stride q.
+ * Returns 0, or -1 where this CPU lacks AVX-512F. */
+__attribute__((target("avx512f"))) static void depthwise(int n, int c, int sh, int sw, const float *phases,
+                                                         size_t phase_stride, int ph_h, int ph_w, int r, int s,
+                                                         int p, int q, const float *w, const float *bias,
+                                                         float lo, float hi, float *y, size_t y_n, size_t y_c) {
+    const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++) {
+            const float *plane0 = phases + ((size_t)i * c + ch) * ph_h * ph_w;
+            const float *wc = w + (size_t)ch * r * s;
+            __m512 b = _mm512_set1_ps(bias ? bias[ch] : 0.0f);
+            float *out = y + i * y_n + ch * y_c;
+            for (int yy = 0; yy < p; yy++)
+                for (int x0 = 0; x0 < q; x0 += 16) {
+                    __mmask16 m = (__mmask16)(q - x0 >= 16 ? 0xFFFF : (1u << (q - x0)) - 1);
+                    __m512 acc = b;
+                    for (int ti = 0; ti < r; ti++)
+                        for (int tj = 0; tj < s; tj++) {
+                            const float *src = plane0 + ((size_t)(ti % sh) * sw + tj % sw) * phase_stride
+                                             + (size_t)(yy + ti / sh) * ph_w + x0 + tj / sw;
+                            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, src), _mm512_set1_ps(wc[ti * s + tj]),
+                                                  acc);
+                        }
+                    /* max(lo, v) then min(hi, v): v's NaN survives (maxps/minps return the second operand) */
+                    acc = _mm512_min_ps(vhi, _mm512_max_ps(vlo, acc));
+                    _mm512_mask_storeu_ps(out + (size_t)yy * q + x0, m, acc);
+                }
+        }
+}
+
+int ember_depthwise(int n, int c, int sh, int sw, const float *phases, size_t phase_stride, int ph_h, int ph_w,
+                    int r, int s, int p, int q, const float *w, const float *bias, float lo, float hi, float *y,
+                    size_t y_n, size_t y_c) {
+    if (!ember_gemm_supported())
+        return -1;
+    depthwise(n, c, sh, sw, phases, phase_stride, ph_h, ph_w, r, s, p, q, w, bias, lo, hi, y, y_n, y_c);
+    return 0;
+}
+
 #else
 
 int ember_gemm_supported(void) { return 0; }
+
+int ember_depthwise(int n, int c, int sh, int sw, const float *phases, size_t phase_stride, int ph_h, int ph_w,
+                    int r, int s, int p, int q, const float *w, const float *bias, float lo, float hi, float *y,
+                    size_t y_n, size_t y_c) {
+    (void)n; (void)c; (void)sh; (void)sw; (void)phases; (void)phase_stride; (void)ph_h; (void)ph_w; (void)r;
+    (void)s; (void)p; (void)q; (void)w; (void)bias; (void)lo; (void)hi; (void)y; (void)y_n; (void)y_c;
+    return -1;
+}
 
 size_t ember_conv_work_floats(int kred, int p, int q) {
     size_t total = (size_t)p * ((q + NR - 1) / NR), cb = total < CB ? total : CB;

@@ -289,10 +289,22 @@ class CpuBackend(ComputeBackend):
             # its 2 * r * s passes stay in the core's cache; a multiple of `threads` bands keeps cores even.
             bands = -(-n * c * p * q // 65536)
             bands = -(-bands // threads) * threads
+            # The compiled depthwise kernel (native.py) fuses the bias and an activation that is a clamp (Relu,
+            # Clip, none), and reads the weight as it runs.
+            bounds = _clamp_bounds(act)
+            fused = (bounds is not None and dilation == (1, 1) and xv.dtype == np.float32 and wv.flags.c_contiguous
+                     and native.available())
+            bias_1d = self.array(bias).reshape(-1) if bias is not None else None
 
             def build(_: np.ndarray | None) -> list[Step]:
                 tasks = []
                 for c0, c1 in _chunks(c, bands):
+                    if fused:
+                        assert bounds is not None
+                        tasks.append(self._depthwise(
+                            xv[:, c0:c1], wv[c0:c1], dst[:, c0:c1], (r, s), stride, pads, dilation,
+                            (bias_1d[c0:c1] if bias_1d is not None else None, *bounds)))
+                        continue
                     run = self._depthwise(xv[:, c0:c1], wv[c0:c1], dst[:, c0:c1], (r, s), stride, pads, dilation)
                     tasks.append(_seq(run, *(finish(dst[i, c0:c1], slice(c0, c1)) for i in range(n))))
                 return [parallel.Region(pool, tasks)] if pool is not None else tasks
@@ -605,9 +617,11 @@ class CpuBackend(ComputeBackend):
 
     @staticmethod
     def _depthwise(xv: np.ndarray, wv: np.ndarray, dst: np.ndarray, kernel: tuple[int, int],
-                   stride: tuple[int, int], pads: tuple[int, int, int, int], dilation: tuple[int, int]) -> Step:
+                   stride: tuple[int, int], pads: tuple[int, int, int, int], dilation: tuple[int, int],
+                   native_epilogue: tuple[np.ndarray | None, float, float] | None = None) -> Step:
         """r*s shifted multiply-adds (C tiny matmuls would be slower). Taps are read when the step runs: the
-        weight may be computed by an earlier step.
+        weight may be computed by an earlier step. With `native_epilogue` (bias, lo, hi) the compiled kernel
+        computes clamp(conv + bias, lo, hi) from the same phases instead (native.depthwise_step).
 
         The input is first split into its sh*sw stride phases, padding included (one padded copy at stride
         1), so that every tap reads its phase at a fixed offset. Flattening each phase's plane then makes a
@@ -626,6 +640,15 @@ class CpuBackend(ComputeBackend):
         flat = phases.reshape(sh, sw, n, c, ph_h * ph_w)
         span = p * ph_w
         windows = [flat[a, b, :, :, u * ph_w + v: u * ph_w + v + span] for (u, a), (v, b) in offsets]
+        if native_epilogue is not None:
+            kernel_step = native.depthwise_step(phases, wv, (r, s), dst, *native_epilogue)
+
+            def compute_native() -> None:
+                for d, src in fills:
+                    np.copyto(d, src)
+                kernel_step()
+
+            return compute_native
         taps = wv.reshape(1, c, r * s)
         acc, tmp = np.empty((n, c, span), xv.dtype), np.empty((n, c, span), xv.dtype)
         valid = acc.reshape(n, c, p, ph_w)[..., :q]
@@ -901,6 +924,21 @@ def _substitute(e: Expr, by: Expr) -> Expr:
     if not e.args:
         return e
     return Expr(e.op, tuple(_substitute(a, by) for a in e.args), e.value, e.kind)
+
+
+def _clamp_bounds(act: Expr | None) -> tuple[float, float] | None:
+    """(lo, hi) where `act` is a clamp of its input: none, Relu, Clip's min(max(x, lo), hi) or one side of it;
+    else None."""
+    if act is None:
+        return -math.inf, math.inf
+    if act.op == "relu" and act.args[0].op == "in":
+        return 0.0, math.inf
+    lo, hi, e = -math.inf, math.inf, act
+    if e.op == "min" and e.args[1].op == "const":
+        hi, e = float(e.args[1].value), e.args[0]
+    if e.op == "max" and e.args[1].op == "const":
+        lo, e = float(e.args[1].value), e.args[0]
+    return (lo, hi) if e.op == "in" and e is not act else None
 
 
 def _epilogue(act: Expr | None, dst: np.ndarray, res: np.ndarray | None = None) -> Step | None:

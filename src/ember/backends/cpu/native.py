@@ -1,6 +1,6 @@
-"""Launch code for the cpu backend's compiled kernels (`_gemm.c`), both over a weight packed once at load:
+"""Launch code for the cpu backend's compiled kernels (`_gemm.c`): over a weight packed once at load,
 `conv_step`, a direct conv into channels-last rows (its im2col a block of columns at a time, in cache), and
-`gemm_step`, C = A @ B + bias.
+`gemm_step`, C = A @ B + bias; and `depthwise_step`, a depthwise conv reading its weight as it runs.
 
 The library is an optional part of the install (setup.py): where it was not built, or the CPU lacks AVX-512F,
 or EMBER_NATIVE_GEMM=0, `available()` is False and the backend runs those convs with numpy (OpenBLAS) instead.
@@ -47,6 +47,10 @@ def _load() -> ctypes.CDLL | None:
     lib.ember_conv_cl.restype = ctypes.c_int
     lib.ember_conv_cl.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 6 + [
         ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    lib.ember_depthwise.restype = ctypes.c_int
+    lib.ember_depthwise.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 6 + [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float, ctypes.c_void_p, ctypes.c_size_t,
+        ctypes.c_size_t]
     return lib if lib.ember_gemm_supported() else None
 
 
@@ -144,6 +148,41 @@ def conv_step(w: Packed, xp: np.ndarray, kernel: tuple[int, int], stride: tuple[
     def run() -> None:
         if fn(*args) != 0:
             raise RuntimeError("native conv: this CPU lacks AVX-512F")
+        _calls[0] += 1
+
+    run.keep = keep  # type: ignore[attr-defined]
+    return run
+
+
+def depthwise_step(phases: np.ndarray, w: np.ndarray, kernel: tuple[int, int], y: np.ndarray,
+                   bias: np.ndarray | None, lo: float, hi: float) -> Callable[[], None]:
+    """A step computing a depthwise conv y (N, C, P, Q) = clamp(conv + bias, lo, hi) from `phases`
+    (sh, sw, N, C, ph_h, ph_w): the input split into its stride phases with the padding in place
+    (backend._depthwise's layout), w (C, 1, R, S). The weight is read when the step runs (it may be computed by
+    an earlier step)."""
+    assert _LIB is not None
+    sh, sw, n, c, ph_h, ph_w = phases.shape
+    r, s = kernel
+    p, q = y.shape[2:]
+    if (phases.dtype != _F32 or not phases.flags.c_contiguous or w.dtype != _F32 or not w.flags.c_contiguous
+            or w.shape != (c, 1, r, s) or y.dtype != _F32 or y.shape[:2] != (n, c) or y.strides[2:] != (4 * q, 4)):
+        raise ValueError(f"native depthwise: phases {phases.dtype} {phases.shape}, weight {w.dtype} {w.shape}, "
+                         f"y {y.dtype} {y.shape} strides {y.strides} do not fit")
+    if (r - 1) // sh + p > ph_h or (s - 1) // sw + q > ph_w:
+        raise ValueError(f"native depthwise: phases of {ph_h} x {ph_w} too small for {r}x{s} over {p} x {q}")
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, _F32).reshape(-1)
+        if bias.shape != (c,):
+            raise ValueError(f"native depthwise: bias of {bias.shape[0]} for {c} channels")
+    args = (n, c, sh, sw, phases.ctypes.data, n * c * ph_h * ph_w, ph_h, ph_w, r, s, p, q, w.ctypes.data,
+            bias.ctypes.data if bias is not None else None, lo, hi, y.ctypes.data, y.strides[0] // 4,
+            y.strides[1] // 4)
+    fn = _LIB.ember_depthwise
+    keep = (phases, w, bias, y)
+
+    def run() -> None:
+        if fn(*args) != 0:
+            raise RuntimeError("native depthwise: this CPU lacks AVX-512F")
         _calls[0] += 1
 
     run.keep = keep  # type: ignore[attr-defined]
