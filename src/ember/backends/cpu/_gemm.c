@@ -233,36 +233,58 @@ int ember_conv_cl(int c, int hp, int wp, const float *xp, int r, int s, int sh, 
     return 0;
 }
 
-/* Depthwise convolution (one filter per channel), from the input split into its sh x sw stride phases with the
- * padding in place (as backend._depthwise lays them out): tap (i, j) of output row y reads phase
- * (i % sh, j % sw) from row y + i / sh, column x + j / sw on, so every tap is a contiguous run. 16 outputs of
- * a row a vector, the r*s taps as FMAs with the channel's weights broadcast, bias and clamp to [lo, hi] fused.
- *   phases  [sh][sw][planes][ph_h][ph_w], planes = n * c (image-major), phase blocks `phase_stride` apart
- *   w       [c][r*s]; bias [c] or NULL
- *   y       plane (image i, channel ch) at y + i*y_n + ch*y_c, rows of q at stride q.
- * Returns 0, or -1 where this CPU lacks AVX-512F. */
-__attribute__((target("avx512f"))) static void depthwise(int n, int c, int sh, int sw, const float *phases,
-                                                         size_t phase_stride, int ph_h, int ph_w, int r, int s,
-                                                         int p, int q, const float *w, const float *bias,
-                                                         float lo, float hi, float *y, size_t y_n, size_t y_c) {
+/* Depthwise convolution (one filter per channel). Per plane (image, channel): its rows copied into the middle
+ * of a zeroed buffer (the padding stays zero: only the middle is rewritten), then 16 outputs of a row a
+ * vector, the r*s taps as FMAs with the channel's weight broadcast; a stride-2 tap loads 32 neighbours and
+ * keeps every other one (a numpy phase split of the input had cost more than the whole conv). Bias and a clamp
+ * to [lo, hi] fused.
+ *   x     plane (i, ch) at x + i*x_n + ch*x_c, h rows of w at stride w
+ *   wt    [c][r*s]; bias [c] or NULL
+ *   y     plane (i, ch) at y + i*y_n + ch*y_c, p rows of q at stride q
+ *   work  ember_depthwise_work_floats(...) floats
+ * Returns 0, or -1 where this CPU lacks AVX-512F (or sw > 2). */
+#define DW_SLACK 48  /* columns past a padded row that a last vector (32 wide at stride 2) may read */
+
+size_t ember_depthwise_work_floats(int h, int w, int r, int s, int sh, int sw, int pt, int pl, int p, int q) {
+    size_t ph = (size_t)(p - 1) * sh + r, pw = (size_t)(q - 1) * sw + s;
+    if (ph < (size_t)(pt + h)) ph = pt + h;
+    if (pw < (size_t)(pl + w)) pw = pl + w;
+    return ph * (pw + DW_SLACK);
+}
+
+__attribute__((target("avx512f"))) static void depthwise(int n, int c, int h, int w, const float *x, size_t x_n,
+                                                         size_t x_c, int r, int s, int sh, int sw, int pt, int pl,
+                                                         int p, int q, const float *wt, const float *bias,
+                                                         float lo, float hi, float *y, size_t y_n, size_t y_c,
+                                                         float *work) {
+    size_t ph = (size_t)(p - 1) * sh + r, pw = (size_t)(q - 1) * sw + s;
+    if (ph < (size_t)(pt + h)) ph = pt + h;
+    if (pw < (size_t)(pl + w)) pw = pl + w;
+    size_t stride = pw + DW_SLACK;
+    memset(work, 0, ph * stride * sizeof(float));
     const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     for (int i = 0; i < n; i++)
         for (int ch = 0; ch < c; ch++) {
-            const float *plane0 = phases + ((size_t)i * c + ch) * ph_h * ph_w;
-            const float *wc = w + (size_t)ch * r * s;
+            const float *src = x + i * x_n + ch * x_c;
+            for (int row = 0; row < h; row++)
+                memcpy(work + (size_t)(pt + row) * stride + pl, src + (size_t)row * w, (size_t)w * sizeof(float));
+            const float *wc = wt + (size_t)ch * r * s;
             __m512 b = _mm512_set1_ps(bias ? bias[ch] : 0.0f);
             float *out = y + i * y_n + ch * y_c;
             for (int yy = 0; yy < p; yy++)
                 for (int x0 = 0; x0 < q; x0 += 16) {
                     __mmask16 m = (__mmask16)(q - x0 >= 16 ? 0xFFFF : (1u << (q - x0)) - 1);
                     __m512 acc = b;
-                    for (int ti = 0; ti < r; ti++)
+                    for (int ti = 0; ti < r; ti++) {
+                        const float *line = work + (size_t)(yy * sh + ti) * stride + (size_t)x0 * sw;
                         for (int tj = 0; tj < s; tj++) {
-                            const float *src = plane0 + ((size_t)(ti % sh) * sw + tj % sw) * phase_stride
-                                             + (size_t)(yy + ti / sh) * ph_w + x0 + tj / sw;
-                            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, src), _mm512_set1_ps(wc[ti * s + tj]),
-                                                  acc);
+                            __m512 v = sw == 1 ? _mm512_loadu_ps(line + tj)
+                                     : _mm512_permutex2var_ps(_mm512_loadu_ps(line + tj), even,
+                                                              _mm512_loadu_ps(line + tj + 16));
+                            acc = _mm512_fmadd_ps(v, _mm512_set1_ps(wc[ti * s + tj]), acc);
                         }
+                    }
                     /* max(lo, v) then min(hi, v): v's NaN survives (maxps/minps return the second operand) */
                     acc = _mm512_min_ps(vhi, _mm512_max_ps(vlo, acc));
                     _mm512_mask_storeu_ps(out + (size_t)yy * q + x0, m, acc);
@@ -270,12 +292,12 @@ __attribute__((target("avx512f"))) static void depthwise(int n, int c, int sh, i
         }
 }
 
-int ember_depthwise(int n, int c, int sh, int sw, const float *phases, size_t phase_stride, int ph_h, int ph_w,
-                    int r, int s, int p, int q, const float *w, const float *bias, float lo, float hi, float *y,
-                    size_t y_n, size_t y_c) {
-    if (!ember_gemm_supported())
+int ember_depthwise(int n, int c, int h, int w, const float *x, size_t x_n, size_t x_c, int r, int s, int sh,
+                    int sw, int pt, int pl, int p, int q, const float *wt, const float *bias, float lo, float hi,
+                    float *y, size_t y_n, size_t y_c, float *work) {
+    if (!ember_gemm_supported() || sw > 2)
         return -1;
-    depthwise(n, c, sh, sw, phases, phase_stride, ph_h, ph_w, r, s, p, q, w, bias, lo, hi, y, y_n, y_c);
+    depthwise(n, c, h, w, x, x_n, x_c, r, s, sh, sw, pt, pl, p, q, wt, bias, lo, hi, y, y_n, y_c, work);
     return 0;
 }
 
@@ -283,30 +305,17 @@ int ember_depthwise(int n, int c, int sh, int sw, const float *phases, size_t ph
 
 int ember_gemm_supported(void) { return 0; }
 
-int ember_depthwise(int n, int c, int sh, int sw, const float *phases, size_t phase_stride, int ph_h, int ph_w,
-                    int r, int s, int p, int q, const float *w, const float *bias, float lo, float hi, float *y,
-                    size_t y_n, size_t y_c) {
-    (void)n; (void)c; (void)sh; (void)sw; (void)phases; (void)phase_stride; (void)ph_h; (void)ph_w; (void)r;
-    (void)s; (void)p; (void)q; (void)w; (void)bias; (void)lo; (void)hi; (void)y; (void)y_n; (void)y_c;
-    return -1;
+size_t ember_depthwise_work_floats(int h, int w, int r, int s, int sh, int sw, int pt, int pl, int p, int q) {
+    (void)h; (void)w; (void)r; (void)s; (void)sh; (void)sw; (void)pt; (void)pl; (void)p; (void)q;
+    return 1;
 }
 
-size_t ember_conv_work_floats(int kred, int p, int q) {
-    size_t total = (size_t)p * ((q + NR - 1) / NR), cb = total < CB ? total : CB;
-    return cb * kred * NR + cb * NR * MR;
-}
-
-int ember_conv_cl(int c, int hp, int wp, const float *xp, int r, int s, int sh, int sw, int p, int q,
-                  const float *ap, int k, const float *bias, int relu, float *y, float *work) {
-    (void)c; (void)hp; (void)wp; (void)xp; (void)r; (void)s; (void)sh; (void)sw; (void)p; (void)q; (void)ap;
-    (void)k; (void)bias; (void)relu; (void)y; (void)work;
-    return -1;
-}
-
-int ember_gemm(int m, int n, int k, const float *ap, const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
-               const float *bias, int relu, float *work) {
-    (void)m; (void)n; (void)k; (void)ap; (void)b; (void)ldb; (void)c; (void)ldc; (void)bias; (void)relu;
-    (void)work;
+int ember_depthwise(int n, int c, int h, int w, const float *x, size_t x_n, size_t x_c, int r, int s, int sh,
+                    int sw, int pt, int pl, int p, int q, const float *wt, const float *bias, float lo, float hi,
+                    float *y, size_t y_n, size_t y_c, float *work) {
+    (void)n; (void)c; (void)h; (void)w; (void)x; (void)x_n; (void)x_c; (void)r; (void)s; (void)sh; (void)sw;
+    (void)pt; (void)pl; (void)p; (void)q; (void)wt; (void)bias; (void)lo; (void)hi; (void)y; (void)y_n;
+    (void)y_c; (void)work;
     return -1;
 }
 

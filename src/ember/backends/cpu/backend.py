@@ -292,8 +292,9 @@ class CpuBackend(ComputeBackend):
             # The compiled depthwise kernel (native.py) fuses the bias and an activation that is a clamp (Relu,
             # Clip, none), and reads the weight as it runs.
             bounds = _clamp_bounds(act)
-            fused = (bounds is not None and dilation == (1, 1) and xv.dtype == np.float32 and wv.flags.c_contiguous
-                     and native.available())
+            planes = xv.strides[2:] == (4 * wd, 4) and dst.strides[2:] == (4 * q, 4)
+            fused = (bounds is not None and dilation == (1, 1) and sw <= 2 and xv.dtype == np.float32 and planes
+                     and wv.flags.c_contiguous and native.available())
             bias_1d = self.array(bias).reshape(-1) if bias is not None else None
 
             def build(_: np.ndarray | None) -> list[Step]:
@@ -621,13 +622,15 @@ class CpuBackend(ComputeBackend):
                    native_epilogue: tuple[np.ndarray | None, float, float] | None = None) -> Step:
         """r*s shifted multiply-adds (C tiny matmuls would be slower). Taps are read when the step runs: the
         weight may be computed by an earlier step. With `native_epilogue` (bias, lo, hi) the compiled kernel
-        computes clamp(conv + bias, lo, hi) from the same phases instead (native.depthwise_step).
+        computes clamp(conv + bias, lo, hi) instead (native.depthwise_step).
 
         The input is first split into its sh*sw stride phases, padding included (one padded copy at stride
         1), so that every tap reads its phase at a fixed offset. Flattening each phase's plane then makes a
         tap's window one long run per channel: the output is computed on rows as wide as the phase (the
         extra columns are discarded), where 2-D windows would give numpy inner loops of q elements.
         """
+        if native_epilogue is not None:
+            return native.depthwise_step(xv, wv, stride, pads, dst, *native_epilogue)
         n, c = xv.shape[:2]
         _, _, p, q = dst.shape
         (r, s), (sh, sw), (dh, dw) = kernel, stride, dilation
@@ -640,15 +643,6 @@ class CpuBackend(ComputeBackend):
         flat = phases.reshape(sh, sw, n, c, ph_h * ph_w)
         span = p * ph_w
         windows = [flat[a, b, :, :, u * ph_w + v: u * ph_w + v + span] for (u, a), (v, b) in offsets]
-        if native_epilogue is not None:
-            kernel_step = native.depthwise_step(phases, wv, (r, s), dst, *native_epilogue)
-
-            def compute_native() -> None:
-                for d, src in fills:
-                    np.copyto(d, src)
-                kernel_step()
-
-            return compute_native
         taps = wv.reshape(1, c, r * s)
         acc, tmp = np.empty((n, c, span), xv.dtype), np.empty((n, c, span), xv.dtype)
         valid = acc.reshape(n, c, p, ph_w)[..., :q]

@@ -47,10 +47,12 @@ def _load() -> ctypes.CDLL | None:
     lib.ember_conv_cl.restype = ctypes.c_int
     lib.ember_conv_cl.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 6 + [
         ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    lib.ember_depthwise_work_floats.restype = ctypes.c_size_t
+    lib.ember_depthwise_work_floats.argtypes = [ctypes.c_int] * 10
     lib.ember_depthwise.restype = ctypes.c_int
-    lib.ember_depthwise.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 6 + [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float, ctypes.c_void_p, ctypes.c_size_t,
-        ctypes.c_size_t]
+    lib.ember_depthwise.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t] + [
+        ctypes.c_int] * 8 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float, ctypes.c_void_p,
+                             ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
     return lib if lib.ember_gemm_supported() else None
 
 
@@ -154,31 +156,33 @@ def conv_step(w: Packed, xp: np.ndarray, kernel: tuple[int, int], stride: tuple[
     return run
 
 
-def depthwise_step(phases: np.ndarray, w: np.ndarray, kernel: tuple[int, int], y: np.ndarray,
-                   bias: np.ndarray | None, lo: float, hi: float) -> Callable[[], None]:
-    """A step computing a depthwise conv y (N, C, P, Q) = clamp(conv + bias, lo, hi) from `phases`
-    (sh, sw, N, C, ph_h, ph_w): the input split into its stride phases with the padding in place
-    (backend._depthwise's layout), w (C, 1, R, S). The weight is read when the step runs (it may be computed by
-    an earlier step)."""
+def depthwise_step(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], pads: tuple[int, int, int, int],
+                   y: np.ndarray, bias: np.ndarray | None, lo: float, hi: float) -> Callable[[], None]:
+    """A step computing a depthwise conv y (N, C, P, Q) = clamp(conv(x) + bias, lo, hi): x (N, C, H, W) and y with
+    contiguous planes, w (C, 1, R, S) contiguous, pads (top, left, bottom, right), column stride at most 2. The
+    weight is read when the step runs (it may be computed by an earlier step)."""
     assert _LIB is not None
-    sh, sw, n, c, ph_h, ph_w = phases.shape
-    r, s = kernel
+    n, c, h, wd = x.shape
+    r, s = w.shape[2:]
+    sh, sw = stride
     p, q = y.shape[2:]
-    if (phases.dtype != _F32 or not phases.flags.c_contiguous or w.dtype != _F32 or not w.flags.c_contiguous
-            or w.shape != (c, 1, r, s) or y.dtype != _F32 or y.shape[:2] != (n, c) or y.strides[2:] != (4 * q, 4)):
-        raise ValueError(f"native depthwise: phases {phases.dtype} {phases.shape}, weight {w.dtype} {w.shape}, "
-                         f"y {y.dtype} {y.shape} strides {y.strides} do not fit")
-    if (r - 1) // sh + p > ph_h or (s - 1) // sw + q > ph_w:
-        raise ValueError(f"native depthwise: phases of {ph_h} x {ph_w} too small for {r}x{s} over {p} x {q}")
+    planes_ok = x.strides[2:] == (4 * wd, 4) and y.strides[2:] == (4 * q, 4)
+    if (x.dtype != _F32 or y.dtype != _F32 or w.dtype != _F32 or not w.flags.c_contiguous or not planes_ok
+            or w.shape[:2] != (c, 1) or y.shape[:2] != (n, c) or sw > 2
+            or (p - 1) * sh + r > pads[0] + h + pads[2] or (q - 1) * sw + s > pads[1] + wd + pads[3]):
+        raise ValueError(f"native depthwise: x {x.dtype} {x.shape}, weight {w.dtype} {w.shape}, y {y.dtype} "
+                         f"{y.shape} at stride {stride}, pads {pads} do not fit (contiguous float32 planes, "
+                         f"column stride <= 2)")
     if bias is not None:
         bias = np.ascontiguousarray(bias, _F32).reshape(-1)
         if bias.shape != (c,):
             raise ValueError(f"native depthwise: bias of {bias.shape[0]} for {c} channels")
-    args = (n, c, sh, sw, phases.ctypes.data, n * c * ph_h * ph_w, ph_h, ph_w, r, s, p, q, w.ctypes.data,
-            bias.ctypes.data if bias is not None else None, lo, hi, y.ctypes.data, y.strides[0] // 4,
-            y.strides[1] // 4)
+    work = np.empty(_LIB.ember_depthwise_work_floats(h, wd, r, s, sh, sw, pads[0], pads[1], p, q), _F32)
+    args = (n, c, h, wd, x.ctypes.data, x.strides[0] // 4, x.strides[1] // 4, r, s, sh, sw, pads[0], pads[1], p, q,
+            w.ctypes.data, bias.ctypes.data if bias is not None else None, lo, hi, y.ctypes.data, y.strides[0] // 4,
+            y.strides[1] // 4, work.ctypes.data)
     fn = _LIB.ember_depthwise
-    keep = (phases, w, bias, y)
+    keep = (x, w, bias, y, work)
 
     def run() -> None:
         if fn(*args) != 0:
