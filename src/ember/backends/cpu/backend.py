@@ -527,34 +527,36 @@ class CpuBackend(ComputeBackend):
             scratch.reserve(sum(n * kk * (b - a) * q for _, _, (a, b), _ in bands) * xv.dtype.itemsize)
 
         def native_band(i0: int, i1: int, a: int, b: int, top: int, bottom: int) -> Step:
-            """The band through the compiled direct conv (native.conv_step): its input rows copied into a padded
-            buffer of its own (the padding zeros written once, here), the conv with bias and Relu into
-            channels-last rows (no column matrix: the im2col runs a block of columns at a time in cache), then
-            the pooling over those rows, written straight into the output's rows."""
+            """The band through the compiled direct conv (native.conv_step), an image at a time (its buffers are
+            one image's, whatever the batch): the image's input rows copied into a padded buffer of the band's
+            own (the padding zeros written once, here), the conv with bias and Relu into channels-last rows (no
+            column matrix: the im2col runs a block of columns at a time in cache), then the pooling over those
+            rows and one transposing copy into the output's rows."""
             pb = b - a
             (xa, xb), (ctop, cbot) = _row_band(h, pads[0], stride[0], r, a, b)
-            xp = np.zeros((n, c, ctop + (xb - xa) + cbot, pads[1] + wd + pads[3]), xv.dtype)
-            inside = xp[:, :, ctop:ctop + xb - xa, pads[1]:pads[1] + wd]
-            conv = np.empty((n, pb, q, k), xv.dtype)
-            rows = np.empty((n, i1 - i0, q, k), xv.dtype)
-            pooled = np.empty((n, i1 - i0, dst.shape[3], k), xv.dtype)
+            xp = np.zeros((c, ctop + (xb - xa) + cbot, pads[1] + wd + pads[3]), xv.dtype)
+            inside = xp[:, ctop:ctop + xb - xa, pads[1]:pads[1] + wd]
+            conv = np.empty((pb, q, k), xv.dtype)
+            rows = np.empty((i1 - i0, q, k), xv.dtype)
+            pooled = np.empty((i1 - i0, dst.shape[3], k), xv.dtype)
             bias_v = self.array(bias).reshape(-1) if bias is not None else None
-            convs = [native.conv_step(packed, xp[i], (r, s), stride, conv[i], bias_v, is_relu) for i in range(n)]
-            # The pooling on (N, K, rows, cols) views of channels-last buffers, then one transposing copy into the
+            conv_one = native.conv_step(packed, xp, (r, s), stride, conv, bias_v, is_relu)
+            # The pooling on (K, rows, cols) views of channels-last buffers, then one transposing copy into the
             # output: pooling straight into the output's NCHW rows took 0.36 ms a band against 0.12 + 0.07.
-            down = _max_pool(conv.transpose(0, 3, 1, 2), rows.transpose(0, 3, 1, 2), (kh, 1), (psh, 1),
+            down = _max_pool(conv.transpose(2, 0, 1), rows.transpose(2, 0, 1), (kh, 1), (psh, 1),
                              (top, 0, bottom, 0), (pdh, 1))
-            across = _max_pool(rows.transpose(0, 3, 1, 2), pooled.transpose(0, 3, 1, 2), (1, kw), (1, psw),
+            across = _max_pool(rows.transpose(2, 0, 1), pooled.transpose(2, 0, 1), (1, kw), (1, psw),
                                (0, ppl, 0, ppr), (1, pdw))
-            src, out_rows, pooled_t = xv[:, :, xa:xb], dst[:, :, i0:i1], pooled.transpose(0, 3, 1, 2)
+            pooled_t = pooled.transpose(2, 0, 1)
+            images = [(xv[i, :, xa:xb], dst[i, :, i0:i1]) for i in range(n)]
 
             def run() -> None:
-                np.copyto(inside, src)
-                for conv_one in convs:
+                for src, out_rows in images:
+                    np.copyto(inside, src)
                     conv_one()
-                down()
-                across()
-                np.copyto(out_rows, pooled_t)
+                    down()
+                    across()
+                    np.copyto(out_rows, pooled_t)
 
             return run
 
