@@ -17,6 +17,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -58,35 +59,31 @@ def main() -> int:
             ts.append(time.perf_counter() - t)
         return statistics.median(ts)
 
-    print(f"{'product':>20s}  {'what':44s} {'warm: blas / native GMAC/s':>28s} {'cold: blas / native':>22s}")
+    def row(label: str, what: str, macs: int, blas: Callable[[], object], mine: Callable[[], object]) -> None:
+        cells = []
+        for cold in (False, True):
+            tb, tm = median_s(blas, cold), median_s(mine, cold)
+            cells.append(f"{macs / tb / 1e9:5.1f} / {macs / tm / 1e9:5.1f} ({tb / tm:.2f}x)")
+        print(f"{label:>20s}  {what:44s} {cells[0]:>28s} {cells[1]:>22s}")
+
+    header = f"{'what':44s} {'warm: blas / native GMAC/s':>28s} {'cold: blas / native':>22s}"
+    print(f"{'product':>20s}  {header}")
     for m, k, n, what in SHAPES:
         w = rng.standard_normal((m, k), dtype=np.float32)
         b = rng.standard_normal((k, n), dtype=np.float32)
         c = np.empty((m, n), np.float32)
-        step = native.gemm_step(native.pack(w), b, c)
-        cells = []
-        for cold in (False, True):
-            blas = median_s(lambda: np.matmul(w, b, out=c), cold)  # noqa: B023
-            mine = median_s(step, cold)
-            cells.append(f"{m * k * n / blas / 1e9:5.1f} / {m * k * n / mine / 1e9:5.1f} ({blas / mine:.2f}x)")
-        print(f"{f'{m}x{k} @ {k}x{n}':>20s}  {what:44s} {cells[0]:>28s} {cells[1]:>22s}")
+        row(f"{m}x{k} @ {k}x{n}", what, m * k * n, partial(np.matmul, w, b, out=c),
+            native.gemm_step(native.pack(w), b, c))
 
-    print(f"\n{'direct conv':>20s}  {'what':44s} {'warm: blas / native GMAC/s':>28s} {'cold: blas / native':>22s}")
-    for c, size, k, stride, what in CONVS:
+    print(f"\n{'direct conv':>20s}  {header}")
+    for ch, size, k, stride, what in CONVS:
         p = (size + 2 - 3) // stride + 1
-        w = rng.standard_normal((k, c * 9), dtype=np.float32)
-        xp = rng.standard_normal((c, size + 2, size + 2), dtype=np.float32)
-        y = np.empty((p, p, k), np.float32)
-        step = native.conv_step(native.pack(w), xp, (3, 3), (stride, stride), y)
-        cols = rng.standard_normal((c * 9, p * p), dtype=np.float32)
-        out = np.empty((k, p * p), np.float32)
-        macs = k * c * 9 * p * p
-        cells = []
-        for cold in (False, True):
-            blas = median_s(lambda: np.matmul(w, cols, out=out), cold)  # noqa: B023
-            mine = median_s(step, cold)
-            cells.append(f"{macs / blas / 1e9:5.1f} / {macs / mine / 1e9:5.1f} ({blas / mine:.2f}x)")
-        print(f"{f'{c}->{k} {size}x{size} /{stride}':>20s}  {what:44s} {cells[0]:>28s} {cells[1]:>22s}")
+        w = rng.standard_normal((k, ch * 9), dtype=np.float32)
+        xp = rng.standard_normal((ch, size + 2, size + 2), dtype=np.float32)
+        cols = rng.standard_normal((ch * 9, p * p), dtype=np.float32)
+        row(f"{ch}->{k} {size}x{size} /{stride}", what, k * ch * 9 * p * p,
+            partial(np.matmul, w, cols, out=np.empty((k, p * p), np.float32)),
+            native.conv_step(native.pack(w), xp, (3, 3), (stride, stride), np.empty((p, p, k), np.float32)))
     return 0
 
 

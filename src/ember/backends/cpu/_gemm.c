@@ -78,6 +78,21 @@ __attribute__((target("avx512f"))) static void kernel(int kc, const float *ap, c
     }
 }
 
+/* acc[blocks][NR][MR] = one weight panel (kred x 32, packed) times `blocks` packed column blocks
+ * ([blocks][kred][NR]), a KC slice of K at a time: the slice (32 KB) stays in L1 across the blocks while the next
+ * one (this panel's, else next_panel's first, if any) is prefetched during the first block. */
+__attribute__((target("avx512f"))) static void panel_times_blocks(const float *panel, const float *next_panel,
+                                                                  int kred, const float *bp, int blocks,
+                                                                  float *acc) {
+    for (int k0 = 0; k0 < kred; k0 += KC) {
+        int kc = kred - k0 < KC ? kred - k0 : KC;
+        const float *next = k0 + KC < kred ? panel + (size_t)(k0 + KC) * MR : next_panel;
+        for (int jb = 0; jb < blocks; jb++)
+            kernel(kc, panel + (size_t)k0 * MR, bp + ((size_t)jb * kred + k0) * NR, acc + (size_t)jb * NR * MR,
+                   k0 == 0, jb == 0 ? next : NULL);
+    }
+}
+
 __attribute__((target("avx512f"))) static void chunk(int m, int n, int k, const float *ap, const float *b,
                                                      ptrdiff_t ldb, float *c, ptrdiff_t ldc, const float *bias,
                                                      int relu, float *work) {
@@ -98,15 +113,7 @@ __attribute__((target("avx512f"))) static void chunk(int m, int n, int k, const 
     int panels = (m + MR - 1) / MR;
     for (int pi = 0; pi < panels; pi++) {
         const float *panel = ap + (size_t)pi * MR * k;
-        for (int k0 = 0; k0 < k; k0 += KC) {
-            int kc = k - k0 < KC ? k - k0 : KC;
-            /* the next A slice: this panel's next one, else the next panel's first */
-            const float *next = k0 + KC < k ? panel + (size_t)(k0 + KC) * MR
-                              : (pi + 1 < panels ? panel + (size_t)MR * k : NULL);
-            for (int jb = 0; jb < blocks; jb++)
-                kernel(kc, panel + (size_t)k0 * MR, bp + ((size_t)jb * k + k0) * NR, acc + (size_t)jb * NR * MR,
-                       k0 == 0, jb == 0 ? next : NULL);
-        }
+        panel_times_blocks(panel, pi + 1 < panels ? panel + (size_t)MR * k : NULL, k, bp, blocks, acc);
         int rows = m - pi * MR < MR ? m - pi * MR : MR;
         for (int jb = 0; jb < blocks; jb++) {
             int j0 = jb * NR, nr = n - j0 < NR ? n - j0 : NR;
@@ -187,14 +194,7 @@ __attribute__((target("avx512f"))) static void conv_cl(int c, int hp, int wp, co
         }
         for (int pi = 0; pi < panels; pi++) {
             const float *panel = ap + (size_t)pi * MR * kred;
-            for (int k0 = 0; k0 < kred; k0 += KC) {
-                int kc = kred - k0 < KC ? kred - k0 : KC;
-                const float *next = k0 + KC < kred ? panel + (size_t)(k0 + KC) * MR
-                                  : (pi + 1 < panels ? panel + (size_t)MR * kred : NULL);
-                for (int bi = 0; bi < nb; bi++)
-                    kernel(kc, panel + (size_t)k0 * MR, bp + ((size_t)bi * kred + k0) * NR,
-                           acc + (size_t)bi * NR * MR, k0 == 0, bi == 0 ? next : NULL);
-            }
+            panel_times_blocks(panel, pi + 1 < panels ? panel + (size_t)MR * kred : NULL, kred, bp, nb, acc);
             int rows = k - pi * MR < MR ? k - pi * MR : MR;
             __mmask16 m0 = (__mmask16)(rows >= 16 ? 0xFFFF : (1u << rows) - 1);
             __mmask16 m1 = (__mmask16)(rows >= 32 ? 0xFFFF : rows > 16 ? (1u << (rows - 16)) - 1 : 0);

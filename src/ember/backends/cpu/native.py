@@ -84,6 +84,18 @@ def pack(w: np.ndarray) -> Packed:
     return Packed(np.ascontiguousarray(padded.reshape(panels, MR, k).transpose(0, 2, 1)), m, k)
 
 
+def _step(fn: Callable[..., int], args: tuple, keep: tuple) -> Callable[[], None]:
+    """A step calling fn(*args); `keep` holds the arrays the pointers in args point into."""
+
+    def run() -> None:
+        if fn(*args) != 0:
+            raise RuntimeError(f"{fn.__name__}: this CPU lacks AVX-512F")
+        _calls[0] += 1
+
+    run.keep = keep  # type: ignore[attr-defined]
+    return run
+
+
 def _rows(a: np.ndarray, what: str) -> int:
     """a's row stride in elements; its rows must be contiguous float32."""
     if a.dtype != _F32 or a.ndim != 2 or (a.shape[1] > 1 and a.strides[1] != 4) or a.strides[0] % 4:
@@ -108,16 +120,7 @@ def gemm_step(w: Packed, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None =
     work = np.empty(_LIB.ember_gemm_work_floats(n, k), _F32)
     args = (m, n, k, w.panels.ctypes.data, b.ctypes.data, ldb, c.ctypes.data, ldc,
             bias.ctypes.data if bias is not None else None, int(relu), work.ctypes.data)
-    fn = _LIB.ember_gemm
-    keep = (w.panels, b, c, bias, work)  # the pointers above point into these
-
-    def run() -> None:
-        if fn(*args) != 0:
-            raise RuntimeError("native gemm: this CPU lacks AVX-512F")
-        _calls[0] += 1
-
-    run.keep = keep  # type: ignore[attr-defined]
-    return run
+    return _step(_LIB.ember_gemm, args, (w.panels, b, c, bias, work))
 
 
 def conv_step(w: Packed, xp: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int], y: np.ndarray,
@@ -144,16 +147,7 @@ def conv_step(w: Packed, xp: np.ndarray, kernel: tuple[int, int], stride: tuple[
     work = np.empty(_LIB.ember_conv_work_floats(w.k, p, q), _F32)
     args = (c, hp, wp, xp.ctypes.data, r, s, sh, sw, p, q, w.panels.ctypes.data, k,
             bias.ctypes.data if bias is not None else None, int(relu), y.ctypes.data, work.ctypes.data)
-    fn = _LIB.ember_conv_cl
-    keep = (w.panels, xp, y, bias, work)
-
-    def run() -> None:
-        if fn(*args) != 0:
-            raise RuntimeError("native conv: this CPU lacks AVX-512F")
-        _calls[0] += 1
-
-    run.keep = keep  # type: ignore[attr-defined]
-    return run
+    return _step(_LIB.ember_conv_cl, args, (w.panels, xp, y, bias, work))
 
 
 def depthwise_step(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], pads: tuple[int, int, int, int],
@@ -181,13 +175,4 @@ def depthwise_step(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], pads: 
     args = (n, c, h, wd, x.ctypes.data, x.strides[0] // 4, x.strides[1] // 4, r, s, sh, sw, pads[0], pads[1], p, q,
             w.ctypes.data, bias.ctypes.data if bias is not None else None, lo, hi, y.ctypes.data, y.strides[0] // 4,
             y.strides[1] // 4, work.ctypes.data)
-    fn = _LIB.ember_depthwise
-    keep = (x, w, bias, y, work)
-
-    def run() -> None:
-        if fn(*args) != 0:
-            raise RuntimeError("native depthwise: this CPU lacks AVX-512F")
-        _calls[0] += 1
-
-    run.keep = keep  # type: ignore[attr-defined]
-    return run
+    return _step(_LIB.ember_depthwise, args, (x, w, bias, y, work))
