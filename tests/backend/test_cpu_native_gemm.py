@@ -1,21 +1,23 @@
-"""The cpu backend's compiled kernels over weights packed at load (backends/cpu/_gemm.c, native.py): the GEMM
-and the direct conv against float64 oracles over panel, column-block, K-slice and column-chunk edges; their
-error contracts; and the convs that take them (split by input channels; a stem with its max pooling), with them
-and without."""
+"""The cpu backend's compiled kernels (backends/cpu/_gemm.c, native.py): the GEMM and the direct conv against
+float64 oracles over panel, column-block, K-slice and column-chunk edges; their error contracts; and the convs
+that take them (split by input channels; a stem with its max pooling; depthwise), with them and without."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ember.backends.cpu import backend, native, parallel
+from ember.backends.base import View
+from ember.backends.cpu import CpuBackend, backend, native, parallel
+from ember.backends.expr import call, const, inp
 
 from . import test_cpu_conv_maxpool as stem
 from . import test_cpu_split as split
-from .test_conv2d import conv_ref
+from .helpers import download, poisoned, upload
+from .test_conv2d import F32, conv_ref, out_hw
 
-needs_native = pytest.mark.skipif(not native.available(),
-                                  reason="the compiled GEMM is not built here, or this CPU lacks AVX-512F")
+NO_NATIVE = "the compiled kernels are not built here, or this CPU lacks AVX-512F"
+needs_native = pytest.mark.skipif(not native.available(), reason=NO_NATIVE)
 
 
 @needs_native
@@ -47,7 +49,7 @@ def test_gemm_relu_keeps_nan(rng: np.random.Generator) -> None:
     b = rng.standard_normal((20, 9), dtype=np.float32)
     b[3, 4] = np.nan
     c = np.empty((40, 9), np.float32)
-    native.gemm_step(native.pack(w), b, c, relu=True)()
+    native.gemm_step(native.pack(w), b, c, lo=0.0)()
     ref = np.maximum(w.astype(np.float64) @ b.astype(np.float64), 0)
     assert np.isnan(c[:, 4]).all()
     keep = np.ones(9, bool)
@@ -87,7 +89,7 @@ def test_weight_heavy_convs_on_every_path(monkeypatch: pytest.MonkeyPatch, rng: 
     off (backend.DIRECT_NATIVE; it also declines dilated convs); through numpy without the library. The same
     result every way."""
     if path != "numpy" and not native.available():
-        pytest.skip("the compiled kernels are not built here, or this CPU lacks AVX-512F")
+        pytest.skip(NO_NATIVE)
     if path == "numpy":
         monkeypatch.setattr(native, "_LIB", None)
     monkeypatch.setattr(backend, "DIRECT_NATIVE", path == "direct")
@@ -119,7 +121,7 @@ def test_direct_conv_matches_float64(rng: np.random.Generator, c, h, w, k, rs, s
     p, q = (h + 2 * pad - rs) // stride + 1, (w + 2 * pad - rs) // stride + 1
     y = np.full((p, q, k), np.nan, np.float32)
     before = native.calls()
-    native.conv_step(native.pack(f.reshape(k, -1)), xp, (rs, rs), (stride, stride), y, b, relu=True)()
+    native.conv_step(native.pack(f.reshape(k, -1)), xp, (rs, rs), (stride, stride), y, b, lo=0.0)()
     assert native.calls() == before + 1
     ref = np.maximum(conv_ref(x, f, b, (stride, stride), (pad,) * 4, (1, 1)), 0)[0].transpose(1, 2, 0)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
@@ -143,7 +145,7 @@ def test_stem_with_pool_with_and_without_it(monkeypatch: pytest.MonkeyPatch, cas
     """A conv + MaxPool step (record_conv_maxpool) runs its bands through the compiled direct conv where it is
     available, else through im2col and numpy; the same result either way."""
     if native_on and not native.available():
-        pytest.skip("the compiled kernels are not built here, or this CPU lacks AVX-512F")
+        pytest.skip(NO_NATIVE)
     if not native_on:
         monkeypatch.setattr(native, "_LIB", None)
     before = native.calls()
@@ -156,12 +158,6 @@ def test_a_weight_that_changes_is_read_every_run(rng: np.random.Generator, const
     """record_conv packs a weight for the compiled kernels only where the caller says it stays the same
     (const_weight: a model's initializer). A weight written between runs (a graph input, or one a step computes,
     as ConvTranspose's flipped filter) is read afresh every run."""
-    from ember.backends.base import View
-    from ember.backends.cpu import CpuBackend
-
-    from .helpers import download, poisoned, upload
-    from .test_conv2d import F32
-
     be = CpuBackend().init()
     x = rng.standard_normal((1, 16, 9, 9)).astype(np.float32)
     f1, f2 = (rng.standard_normal((32, 16, 3, 3)).astype(np.float32) for _ in range(2))
@@ -192,15 +188,8 @@ def test_depthwise_with_and_without_it(monkeypatch: pytest.MonkeyPatch, rng: np.
                                        xshape, rs, stride, pads, act) -> None:
     """Depthwise convs run through the compiled kernel where it is available (bias and a clamp fused, the weight
     read at run time: here rewritten between runs), else through numpy; NaN in the input stays NaN."""
-    from ember.backends.base import View
-    from ember.backends.cpu import CpuBackend
-    from ember.backends.expr import call, const, inp
-
-    from .helpers import download, poisoned, upload
-    from .test_conv2d import F32, out_hw
-
     if native_on and not native.available():
-        pytest.skip("the compiled kernels are not built here, or this CPU lacks AVX-512F")
+        pytest.skip(NO_NATIVE)
     if not native_on:
         monkeypatch.setattr(native, "_LIB", None)
     acts = {"relu": call("relu", inp(0)), "relu6": call("min", call("max", inp(0), const(0.0)), const(6.0)),

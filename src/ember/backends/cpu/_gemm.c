@@ -33,6 +33,26 @@
 #define KC 256
 #define NC (NR * 28)  /* columns per chunk: 196 */
 #define CB 28         /* output blocks per chunk of the direct conv */
+#define DW_SLACK 48   /* columns past a padded depthwise row that a last vector (32 wide at stride 2) may read */
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define EMBER_X86 1
+#include <immintrin.h>
+#else
+#define EMBER_X86 0
+#endif
+
+/* Every function below is exported on every platform (ctypes looks each one up); where the kernels are not
+ * compiled, or the CPU lacks AVX-512F, ember_gemm_supported() is 0 and the others return -1. */
+
+int ember_gemm_supported(void) {
+#if EMBER_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+#else
+    return 0;
+#endif
+}
 
 size_t ember_gemm_work_floats(int n, int k) {
     size_t nc = n < NC ? (size_t)n : NC;
@@ -40,12 +60,31 @@ size_t ember_gemm_work_floats(int n, int k) {
     return blocks * NR * (size_t)k + blocks * NR * MR;
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
+size_t ember_conv_work_floats(int kred, int p, int q) {
+    size_t total = (size_t)p * ((q + NR - 1) / NR), cb = total < CB ? total : CB;
+    return cb * kred * NR + cb * NR * MR;
+}
 
-int ember_gemm_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f");
+/* The depthwise kernel's padded plane: rows every window reads and the input's rows, whichever is more; the
+ * same for columns. */
+static void padded_plane(int h, int w, int r, int s, int sh, int sw, int pt, int pl, int p, int q, size_t *ph,
+                         size_t *pw) {
+    *ph = (size_t)(p - 1) * sh + r;
+    *pw = (size_t)(q - 1) * sw + s;
+    if (*ph < (size_t)(pt + h)) *ph = pt + h;
+    if (*pw < (size_t)(pl + w)) *pw = pl + w;
+}
+
+size_t ember_depthwise_work_floats(int h, int w, int r, int s, int sh, int sw, int pt, int pl, int p, int q) {
+    size_t ph, pw;
+    padded_plane(h, w, r, s, sh, sw, pt, pl, p, q, &ph, &pw);
+    return ph * (pw + DW_SLACK);
+}
+
+#if EMBER_X86
+/* max(lo, v) then min(hi, v): v's NaN survives (maxps/minps return the second operand where either is NaN) */
+__attribute__((target("avx512f"))) static inline __m512 clamp(__m512 v, __m512 lo, __m512 hi) {
+    return _mm512_min_ps(hi, _mm512_max_ps(lo, v));
 }
 
 /* acc[NR][32] = (first ? 0 : acc) + A slice (kc x 32, packed [k][32]) * B block (kc x NR, packed [k][NR]);
@@ -95,7 +134,7 @@ __attribute__((target("avx512f"))) static void panel_times_blocks(const float *p
 
 __attribute__((target("avx512f"))) static void chunk(int m, int n, int k, const float *ap, const float *b,
                                                      ptrdiff_t ldb, float *c, ptrdiff_t ldc, const float *bias,
-                                                     int relu, float *work) {
+                                                     float lo, float hi, float *work) {
     int blocks = (n + NR - 1) / NR;
     float *bp = work;                                  /* [blocks][k][NR] */
     float *acc = work + (size_t)blocks * NR * k;       /* [blocks][NR][MR] */
@@ -123,27 +162,16 @@ __attribute__((target("avx512f"))) static void chunk(int m, int n, int k, const 
                 float *row = c + (size_t)(pi * MR + i) * ldc + j0;
                 for (int jj = 0; jj < nr; jj++) {
                     float v = a[jj * MR + i] + bi;
-                    row[jj] = relu && v < 0.0f ? 0.0f : v;
+                    row[jj] = v < lo ? lo : v > hi ? hi : v;  /* NaN compares false: stays NaN */
                 }
             }
         }
     }
 }
 
-/* C = A @ B + bias (bias: M floats or NULL), then max(C, 0) where relu; NaN stays NaN. Returns 0, or -1 where
- * this CPU lacks AVX-512F (nothing written). */
-int ember_gemm(int m, int n, int k, const float *ap, const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
-               const float *bias, int relu, float *work) {
-    if (!ember_gemm_supported())
-        return -1;
-    for (int j0 = 0; j0 < n; j0 += NC)
-        chunk(m, n - j0 < NC ? n - j0 : NC, k, ap, b + j0, ldb, c + j0, ldc, bias, relu, work);
-    return 0;
-}
-
 /* A direct convolution of one image into channels-last output, its im2col done a block of NR output columns at
  * a time into L1 instead of through memory (a stem: few input channels, a big window):
- *   y[pp][qq][kk] = act(bias[kk] + sum_{ci,i,j} w[kk][ci][i][j] xp[ci][pp*sh + i][qq*sw + j]),
+ *   y[pp][qq][kk] = clamp(bias[kk] + sum_{ci,i,j} w[kk][ci][i][j] xp[ci][pp*sh + i][qq*sw + j], lo, hi),
  * xp the input with its padding already in place (c x hp x wp), ap the weight (k x c*r*s) packed as for
  * ember_gemm, rows pp in [0, p) and columns in [0, q); work: ember_conv_work_floats(c*r*s, p, q) floats. Returns 0,
  * or -1 where this CPU lacks AVX-512F. */
@@ -179,12 +207,13 @@ __attribute__((target("avx512f"))) static void pack_columns(const float *xp, int
 
 __attribute__((target("avx512f"))) static void conv_cl(int c, int hp, int wp, const float *xp, int r, int s,
                                                        int sh, int sw, int p, int q, const float *ap, int k,
-                                                       const float *bias, int relu, float *y, float *work) {
+                                                       const float *bias, float lo, float hi, float *y,
+                                                       float *work) {
     int kred = c * r * s, panels = (k + MR - 1) / MR;
     int per_row = (q + NR - 1) / NR, total = p * per_row;
     int cb = total < CB ? total : CB;
     float *bp = work, *acc = work + (size_t)cb * kred * NR;
-    const __m512 zero = _mm512_setzero_ps();
+    const __m512 zero = _mm512_setzero_ps(), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
     for (int b0 = 0; b0 < total; b0 += cb) {
         int nb = total - b0 < cb ? total - b0 : cb;
         for (int bi = 0; bi < nb; bi++) {
@@ -205,12 +234,8 @@ __attribute__((target("avx512f"))) static void conv_cl(int c, int hp, int wp, co
                 int nr = q - x0 < NR ? q - x0 : NR;
                 const float *a = acc + (size_t)bi * NR * MR;
                 for (int jj = 0; jj < nr; jj++) {
-                    __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(a + jj * MR), b0v);
-                    __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(a + jj * MR + 16), b1v);
-                    if (relu) {  /* max(0, v) keeps NaN: maxps returns its second operand where either is NaN */
-                        v0 = _mm512_max_ps(zero, v0);
-                        v1 = _mm512_max_ps(zero, v1);
-                    }
+                    __m512 v0 = clamp(_mm512_add_ps(_mm512_loadu_ps(a + jj * MR), b0v), vlo, vhi);
+                    __m512 v1 = clamp(_mm512_add_ps(_mm512_loadu_ps(a + jj * MR + 16), b1v), vlo, vhi);
                     float *dst = y + ((size_t)pp * q + x0 + jj) * k + pi * MR;
                     _mm512_mask_storeu_ps(dst, m0, v0);
                     _mm512_mask_storeu_ps(dst + 16, m1, v1);
@@ -218,19 +243,6 @@ __attribute__((target("avx512f"))) static void conv_cl(int c, int hp, int wp, co
             }
         }
     }
-}
-
-size_t ember_conv_work_floats(int kred, int p, int q) {
-    size_t total = (size_t)p * ((q + NR - 1) / NR), cb = total < CB ? total : CB;
-    return cb * kred * NR + cb * NR * MR;
-}
-
-int ember_conv_cl(int c, int hp, int wp, const float *xp, int r, int s, int sh, int sw, int p, int q,
-                  const float *ap, int k, const float *bias, int relu, float *y, float *work) {
-    if (!ember_gemm_supported())
-        return -1;
-    conv_cl(c, hp, wp, xp, r, s, sh, sw, p, q, ap, k, bias, relu, y, work);
-    return 0;
 }
 
 /* Depthwise convolution (one filter per channel). Per plane (image, channel): its rows copied into the middle
@@ -243,23 +255,13 @@ int ember_conv_cl(int c, int hp, int wp, const float *xp, int r, int s, int sh, 
  *   y     plane (i, ch) at y + i*y_n + ch*y_c, p rows of q at stride q
  *   work  ember_depthwise_work_floats(...) floats
  * Returns 0, or -1 where this CPU lacks AVX-512F (or sw > 2). */
-#define DW_SLACK 48  /* columns past a padded row that a last vector (32 wide at stride 2) may read */
-
-size_t ember_depthwise_work_floats(int h, int w, int r, int s, int sh, int sw, int pt, int pl, int p, int q) {
-    size_t ph = (size_t)(p - 1) * sh + r, pw = (size_t)(q - 1) * sw + s;
-    if (ph < (size_t)(pt + h)) ph = pt + h;
-    if (pw < (size_t)(pl + w)) pw = pl + w;
-    return ph * (pw + DW_SLACK);
-}
-
 __attribute__((target("avx512f"))) static void depthwise(int n, int c, int h, int w, const float *x, size_t x_n,
                                                          size_t x_c, int r, int s, int sh, int sw, int pt, int pl,
                                                          int p, int q, const float *wt, const float *bias,
                                                          float lo, float hi, float *y, size_t y_n, size_t y_c,
                                                          float *work) {
-    size_t ph = (size_t)(p - 1) * sh + r, pw = (size_t)(q - 1) * sw + s;
-    if (ph < (size_t)(pt + h)) ph = pt + h;
-    if (pw < (size_t)(pl + w)) pw = pl + w;
+    size_t ph, pw;
+    padded_plane(h, w, r, s, sh, sw, pt, pl, p, q, &ph, &pw);
     size_t stride = pw + DW_SLACK;
     memset(work, 0, ph * stride * sizeof(float));
     const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
@@ -285,41 +287,49 @@ __attribute__((target("avx512f"))) static void depthwise(int n, int c, int h, in
                             acc = _mm512_fmadd_ps(v, _mm512_set1_ps(wc[ti * s + tj]), acc);
                         }
                     }
-                    /* max(lo, v) then min(hi, v): v's NaN survives (maxps/minps return the second operand) */
-                    acc = _mm512_min_ps(vhi, _mm512_max_ps(vlo, acc));
-                    _mm512_mask_storeu_ps(out + (size_t)yy * q + x0, m, acc);
+                    _mm512_mask_storeu_ps(out + (size_t)yy * q + x0, m, clamp(acc, vlo, vhi));
                 }
         }
 }
 
-int ember_depthwise(int n, int c, int h, int w, const float *x, size_t x_n, size_t x_c, int r, int s, int sh,
-                    int sw, int pt, int pl, int p, int q, const float *wt, const float *bias, float lo, float hi,
-                    float *y, size_t y_n, size_t y_c, float *work) {
-    if (!ember_gemm_supported() || sw > 2)
-        return -1;
-    depthwise(n, c, h, w, x, x_n, x_c, r, s, sh, sw, pt, pl, p, q, wt, bias, lo, hi, y, y_n, y_c, work);
-    return 0;
-}
+#endif /* EMBER_X86 */
 
-#else
-
-int ember_gemm_supported(void) { return 0; }
-
-size_t ember_depthwise_work_floats(int h, int w, int r, int s, int sh, int sw, int pt, int pl, int p, int q) {
-    (void)h; (void)w; (void)r; (void)s; (void)sh; (void)sw; (void)pt; (void)pl; (void)p; (void)q;
-    return 1;
-}
-
-int ember_depthwise(int n, int c, int h, int w, const float *x, size_t x_n, size_t x_c, int r, int s, int sh,
-                    int sw, int pt, int pl, int p, int q, const float *wt, const float *bias, float lo, float hi,
-                    float *y, size_t y_n, size_t y_c, float *work) {
-    (void)n; (void)c; (void)h; (void)w; (void)x; (void)x_n; (void)x_c; (void)r; (void)s; (void)sh; (void)sw;
-    (void)pt; (void)pl; (void)p; (void)q; (void)wt; (void)bias; (void)lo; (void)hi; (void)y; (void)y_n;
-    (void)y_c; (void)work;
+/* C = clamp(A @ B + bias, lo, hi) (bias: M floats or NULL; NaN stays NaN). Returns 0, or -1 where the kernels
+ * cannot run here (nothing written). */
+int ember_gemm(int m, int n, int k, const float *ap, const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc,
+               const float *bias, float lo, float hi, float *work) {
+#if EMBER_X86
+    if (ember_gemm_supported()) {
+        for (int j0 = 0; j0 < n; j0 += NC)
+            chunk(m, n - j0 < NC ? n - j0 : NC, k, ap, b + j0, ldb, c + j0, ldc, bias, lo, hi, work);
+        return 0;
+    }
+#endif
     return -1;
 }
 
+int ember_conv_cl(int c, int hp, int wp, const float *xp, int r, int s, int sh, int sw, int p, int q,
+                  const float *ap, int k, const float *bias, float lo, float hi, float *y, float *work) {
+#if EMBER_X86
+    if (ember_gemm_supported()) {
+        conv_cl(c, hp, wp, xp, r, s, sh, sw, p, q, ap, k, bias, lo, hi, y, work);
+        return 0;
+    }
 #endif
+    return -1;
+}
+
+int ember_depthwise(int n, int c, int h, int w, const float *x, size_t x_n, size_t x_c, int r, int s, int sh,
+                    int sw, int pt, int pl, int p, int q, const float *wt, const float *bias, float lo, float hi,
+                    float *y, size_t y_n, size_t y_c, float *work) {
+#if EMBER_X86
+    if (ember_gemm_supported() && sw <= 2) {
+        depthwise(n, c, h, w, x, x_n, x_c, r, s, sh, sw, pt, pl, p, q, wt, bias, lo, hi, y, y_n, y_c, work);
+        return 0;
+    }
+#endif
+    return -1;
+}
 
 /* An (empty) extension module, so that setuptools builds and installs the library like any other; ember loads
  * it with ctypes (backends/cpu/native.py), which releases the GIL around every call. */

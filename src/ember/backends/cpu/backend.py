@@ -239,6 +239,7 @@ class CpuBackend(ComputeBackend):
         by_k = k // groups >= parts and k // groups * groups > n * p * q
         secs = n * k * p * q * cg * r * s / parallel.MACS_PER_S  # one thread's time for the products (spans)
         b2 = self.array(bias).reshape(-1, 1) if bias is not None else None
+        b1 = b2.reshape(-1) if b2 is not None else None
 
         def finish(o: np.ndarray, ch: slice) -> Step:
             """Bias add and activation in place on o, output channels `ch` of one image (depthwise)."""
@@ -295,7 +296,6 @@ class CpuBackend(ComputeBackend):
             planes = xv.strides[2:] == (4 * wd, 4) and dst.strides[2:] == (4 * q, 4)
             fused = (bounds is not None and dilation == (1, 1) and sw <= 2 and xv.dtype == np.float32 and planes
                      and wv.flags.c_contiguous and native.available())
-            bias_1d = self.array(bias).reshape(-1) if bias is not None else None
 
             def build(_: np.ndarray | None) -> list[Step]:
                 tasks = []
@@ -304,7 +304,7 @@ class CpuBackend(ComputeBackend):
                         assert bounds is not None
                         tasks.append(self._depthwise(
                             xv[:, c0:c1], wv[c0:c1], dst[:, c0:c1], (r, s), stride, pads, dilation,
-                            (bias_1d[c0:c1] if bias_1d is not None else None, *bounds)))
+                            (b1[c0:c1] if b1 is not None else None, *bounds)))
                         continue
                     run = self._depthwise(xv[:, c0:c1], wv[c0:c1], dst[:, c0:c1], (r, s), stride, pads, dilation)
                     tasks.append(_seq(run, *(finish(dst[i, c0:c1], slice(c0, c1)) for i in range(n))))
@@ -341,11 +341,10 @@ class CpuBackend(ComputeBackend):
         elif native_direct:
             # The compiled direct conv (native.conv_step): no column matrix, the im2col runs a block of output
             # columns at a time inside the call. Each task copies the input rows it reads into a padded buffer
-            # of its own, computes its part channels-last (bias, and a plain Relu, fused), and copies it
-            # transposed into the output. Split by output channels (32-row panels of the packed weight) where the
-            # weight outweighs the columns, else by images, else by bands of output rows.
-            relu = act is not None and act.op == "relu" and act.args[0].op == "in"
-            bias_v = self.array(bias).reshape(-1) if bias is not None else None
+            # of its own, computes its part channels-last (bias, and an activation that is a clamp, fused), and
+            # copies it transposed into the output. Split by output channels (32-row panels of the packed weight)
+            # where the weight outweighs the columns, else by images, else by bands of output rows.
+            bounds = _clamp_bounds(act)
             panels = -(-k // native.MR)
             if by_k and parts > 1 and panels >= parts:
                 splits = [((0, n), (a * native.MR, min(k, b * native.MR)), (0, p))
@@ -358,19 +357,17 @@ class CpuBackend(ComputeBackend):
 
             def direct(images: tuple[int, int], ks: tuple[int, int], rows: tuple[int, int]) -> Step:
                 (i0, i1), (k0, k1), (p0, p1) = images, ks, rows
-                (xa, xb), (top, bottom) = _row_band(h, pads[0], sh, r, p0, p1)
-                xp = np.zeros((c, top + xb - xa + bottom, pads[1] + wd + pads[3]), xv.dtype)
-                inside = xp[:, top:top + xb - xa, pads[1]:pads[1] + wd]
+                xp, inside, (xa, xb) = _padded_rows(xv, pads, sh, r, p0, p1)
                 y = np.empty((p1 - p0, q, k1 - k0), xv.dtype)
-                conv = native.conv_step(packs[ks], xp, (r, s), stride, y,
-                                        bias_v[k0:k1] if bias_v is not None else None, relu)
+                conv = native.conv_step(packs[ks], xp, (r, s), stride, y, b1[k0:k1] if b1 is not None else None,
+                                        *(bounds or ()))
                 yt = y.transpose(2, 0, 1)
                 steps: list[Step] = []
                 for i in range(i0, i1):
                     out_i = dst[i, k0:k1, p0:p1]
                     steps += [functools.partial(np.copyto, inside, xv[i, :, xa:xb]), conv,
                               functools.partial(np.copyto, out_i, yt)]
-                    if act is not None and not relu:
+                    if bounds is None:
                         steps.append(_epilogue(act, out_i))
                 return _seq(*steps)
 
@@ -520,27 +517,26 @@ class CpuBackend(ComputeBackend):
 
             return run
 
-        is_relu = act is not None and act.op == "relu" and act.args[0].op == "in"
+        # The compiled direct conv fuses an activation that is a clamp: monotonic, so it commutes with the max.
+        bounds = _clamp_bounds(act)
         packed = (native.pack(wmat) if const_weight and native.available() and xv.dtype == np.float32
-                  and dilation == (1, 1) and (act is None or is_relu) else None)
+                  and dilation == (1, 1) and bounds is not None else None)
+        bias_v = self.array(bias).reshape(-1) if bias is not None else None
         if packed is None:
             scratch.reserve(sum(n * kk * (b - a) * q for _, _, (a, b), _ in bands) * xv.dtype.itemsize)
 
         def native_band(i0: int, i1: int, a: int, b: int, top: int, bottom: int) -> Step:
             """The band through the compiled direct conv (native.conv_step), an image at a time (its buffers are
             one image's, whatever the batch): the image's input rows copied into a padded buffer of the band's
-            own (the padding zeros written once, here), the conv with bias and Relu into channels-last rows (no
-            column matrix: the im2col runs a block of columns at a time in cache), then the pooling over those
-            rows and one transposing copy into the output's rows."""
-            pb = b - a
-            (xa, xb), (ctop, cbot) = _row_band(h, pads[0], stride[0], r, a, b)
-            xp = np.zeros((c, ctop + (xb - xa) + cbot, pads[1] + wd + pads[3]), xv.dtype)
-            inside = xp[:, ctop:ctop + xb - xa, pads[1]:pads[1] + wd]
-            conv = np.empty((pb, q, k), xv.dtype)
+            own (the padding zeros written once, here), the conv with bias and activation into channels-last
+            rows (no column matrix: the im2col runs a block of columns at a time in cache), then the pooling over
+            those rows and one transposing copy into the output's rows."""
+            assert packed is not None and bounds is not None
+            xp, inside, (xa, xb) = _padded_rows(xv, pads, stride[0], r, a, b)
+            conv = np.empty((b - a, q, k), xv.dtype)
             rows = np.empty((i1 - i0, q, k), xv.dtype)
             pooled = np.empty((i1 - i0, dst.shape[3], k), xv.dtype)
-            bias_v = self.array(bias).reshape(-1) if bias is not None else None
-            conv_one = native.conv_step(packed, xp, (r, s), stride, conv, bias_v, is_relu)
+            conv_one = native.conv_step(packed, xp, (r, s), stride, conv, bias_v, *bounds)
             # The pooling on (K, rows, cols) views of channels-last buffers, then one transposing copy into the
             # output: pooling straight into the output's NCHW rows took 0.36 ms a band against 0.12 + 0.07.
             down = _max_pool(conv.transpose(2, 0, 1), rows.transpose(2, 0, 1), (kh, 1), (psh, 1),
@@ -885,6 +881,17 @@ def _row_band(h: int, pad: int, st: int, extent: int, p0: int, p1: int) -> tuple
     a = min(max(0, lo), h)
     b = max(a, min(h, hi))
     return (a, b), (a - lo, hi - b)
+
+
+def _padded_rows(xv: np.ndarray, pads: tuple[int, int, int, int], sh: int, r: int, p0: int,
+                 p1: int) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+    """For output rows [p0, p1) of a conv over xv (N, C, H, W): a zeroed buffer (C, rows, padded width) holding one
+    image's input rows with the padding around them, the view its input rows go into, and which input rows
+    [a, b) those are. The padding is written here, once; a run copies the rows in."""
+    _, c, h, wd = xv.shape
+    (xa, xb), (top, bottom) = _row_band(h, pads[0], sh, r, p0, p1)
+    xp = np.zeros((c, top + xb - xa + bottom, pads[1] + wd + pads[3]), xv.dtype)
+    return xp, xp[:, top:top + xb - xa, pads[1]:pads[1] + wd], (xa, xb)
 
 
 def _seq(*steps: Step) -> Step:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import math
 import os
 from collections.abc import Callable
 from typing import NamedTuple
@@ -35,25 +36,29 @@ def _load() -> ctypes.CDLL | None:
     if spec is None or not spec.origin or not spec.origin.endswith((".so", ".pyd", ".dylib")):
         return None
     lib = ctypes.CDLL(spec.origin)
+    try:
+        _declare(lib)
+    except AttributeError:  # a library built from an older _gemm.c (an install not rebuilt): numpy instead
+        return None
+    return lib if lib.ember_gemm_supported() else None
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    """The exported functions' signatures (each exists on every platform: _gemm.c)."""
+    i, f, p, sz = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_size_t
     lib.ember_gemm_supported.restype = ctypes.c_int
     lib.ember_gemm_work_floats.restype = ctypes.c_size_t
-    lib.ember_gemm_work_floats.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.ember_gemm_work_floats.argtypes = [i, i]
     lib.ember_gemm.restype = ctypes.c_int
-    lib.ember_gemm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                               ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_int,
-                               ctypes.c_void_p]
+    lib.ember_gemm.argtypes = [i, i, i, p, p, ctypes.c_ssize_t, p, ctypes.c_ssize_t, p, f, f, p]
     lib.ember_conv_work_floats.restype = ctypes.c_size_t
-    lib.ember_conv_work_floats.argtypes = [ctypes.c_int] * 3
+    lib.ember_conv_work_floats.argtypes = [i] * 3
     lib.ember_conv_cl.restype = ctypes.c_int
-    lib.ember_conv_cl.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 6 + [
-        ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    lib.ember_conv_cl.argtypes = [i] * 3 + [p] + [i] * 6 + [p, i, p, f, f, p, p]
     lib.ember_depthwise_work_floats.restype = ctypes.c_size_t
-    lib.ember_depthwise_work_floats.argtypes = [ctypes.c_int] * 10
+    lib.ember_depthwise_work_floats.argtypes = [i] * 10
     lib.ember_depthwise.restype = ctypes.c_int
-    lib.ember_depthwise.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t] + [
-        ctypes.c_int] * 8 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float, ctypes.c_void_p,
-                             ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
-    return lib if lib.ember_gemm_supported() else None
+    lib.ember_depthwise.argtypes = [i] * 4 + [p, sz, sz] + [i] * 8 + [p, p, f, f, p, sz, sz, p]
 
 
 _LIB = _load()
@@ -96,6 +101,16 @@ def _step(fn: Callable[..., int], args: tuple, keep: tuple) -> Callable[[], None
     return run
 
 
+def _bias(bias: np.ndarray | None, n: int, what: str) -> np.ndarray | None:
+    """bias as n contiguous float32, or None."""
+    if bias is None:
+        return None
+    bias = np.ascontiguousarray(bias, _F32).reshape(-1)
+    if bias.shape != (n,):
+        raise ValueError(f"native {what}: bias of {bias.shape[0]} for {n} {'rows' if what == 'gemm' else 'channels'}")
+    return bias
+
+
 def _rows(a: np.ndarray, what: str) -> int:
     """a's row stride in elements; its rows must be contiguous float32."""
     if a.dtype != _F32 or a.ndim != 2 or (a.shape[1] > 1 and a.strides[1] != 4) or a.strides[0] % 4:
@@ -104,30 +119,27 @@ def _rows(a: np.ndarray, what: str) -> int:
     return a.strides[0] // 4
 
 
-def gemm_step(w: Packed, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None = None,
-              relu: bool = False) -> Callable[[], None]:
-    """A step computing c = w @ b (+ bias, then max(., 0) where relu): w from pack() of an (M, K) weight, b (K, N)
-    and c (M, N) float32 with contiguous rows. Its scratch is its own, made here."""
+def gemm_step(w: Packed, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None = None, lo: float = -math.inf,
+              hi: float = math.inf) -> Callable[[], None]:
+    """A step computing c = clamp(w @ b + bias, lo, hi): w from pack() of an (M, K) weight, b (K, N) and c (M, N)
+    float32 with contiguous rows. Its scratch is its own, made here."""
     assert _LIB is not None
     ldb, ldc = _rows(b, "b"), _rows(c, "c")
     m, k, n = w.m, w.k, b.shape[1]
     if b.shape[0] != k or c.shape != (m, n):
         raise ValueError(f"native gemm: a ({m}, {k}) weight times b {b.shape} does not give c {c.shape}")
-    if bias is not None:
-        bias = np.ascontiguousarray(bias, _F32).reshape(-1)
-        if bias.shape != (m,):
-            raise ValueError(f"native gemm: bias of {bias.shape[0]} for {m} rows")
+    bias = _bias(bias, m, "gemm")
     work = np.empty(_LIB.ember_gemm_work_floats(n, k), _F32)
     args = (m, n, k, w.panels.ctypes.data, b.ctypes.data, ldb, c.ctypes.data, ldc,
-            bias.ctypes.data if bias is not None else None, int(relu), work.ctypes.data)
+            bias.ctypes.data if bias is not None else None, lo, hi, work.ctypes.data)
     return _step(_LIB.ember_gemm, args, (w.panels, b, c, bias, work))
 
 
 def conv_step(w: Packed, xp: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int], y: np.ndarray,
-              bias: np.ndarray | None = None, relu: bool = False) -> Callable[[], None]:
+              bias: np.ndarray | None = None, lo: float = -math.inf, hi: float = math.inf) -> Callable[[], None]:
     """A step computing one image's conv into channels-last y (P, Q, K) from xp (C, Hp, Wp), its padding
-    already in place: y[p, q, :] = w @ window(p, q) (+ bias, then max(., 0) where relu), w from pack() of the
-    (K, C*R*S) weight. The im2col runs a block of columns at a time inside the call (no column matrix)."""
+    already in place: y[p, q, :] = clamp(w @ window(p, q) + bias, lo, hi), w from pack() of the (K, C*R*S)
+    weight. The im2col runs a block of columns at a time inside the call (no column matrix)."""
     assert _LIB is not None
     r, s = kernel
     sh, sw = stride
@@ -140,18 +152,16 @@ def conv_step(w: Packed, xp: np.ndarray, kernel: tuple[int, int], stride: tuple[
     if w.k != c * r * s or w.m != k or (p - 1) * sh + r > hp or (q - 1) * sw + s > wp:
         raise ValueError(f"native conv: a ({w.m}, {w.k}) weight with a {r}x{s} window at stride {stride} over "
                          f"{xp.shape} does not give {y.shape}")
-    if bias is not None:
-        bias = np.ascontiguousarray(bias, _F32).reshape(-1)
-        if bias.shape != (k,):
-            raise ValueError(f"native conv: bias of {bias.shape[0]} for {k} channels")
+    bias = _bias(bias, k, "conv")
     work = np.empty(_LIB.ember_conv_work_floats(w.k, p, q), _F32)
     args = (c, hp, wp, xp.ctypes.data, r, s, sh, sw, p, q, w.panels.ctypes.data, k,
-            bias.ctypes.data if bias is not None else None, int(relu), y.ctypes.data, work.ctypes.data)
+            bias.ctypes.data if bias is not None else None, lo, hi, y.ctypes.data, work.ctypes.data)
     return _step(_LIB.ember_conv_cl, args, (w.panels, xp, y, bias, work))
 
 
 def depthwise_step(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], pads: tuple[int, int, int, int],
-                   y: np.ndarray, bias: np.ndarray | None, lo: float, hi: float) -> Callable[[], None]:
+                   y: np.ndarray, bias: np.ndarray | None = None, lo: float = -math.inf,
+                   hi: float = math.inf) -> Callable[[], None]:
     """A step computing a depthwise conv y (N, C, P, Q) = clamp(conv(x) + bias, lo, hi): x (N, C, H, W) and y with
     contiguous planes, w (C, 1, R, S) contiguous, pads (top, left, bottom, right), column stride at most 2. The
     weight is read when the step runs (it may be computed by an earlier step)."""
@@ -167,10 +177,7 @@ def depthwise_step(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], pads: 
         raise ValueError(f"native depthwise: x {x.dtype} {x.shape}, weight {w.dtype} {w.shape}, y {y.dtype} "
                          f"{y.shape} at stride {stride}, pads {pads} do not fit (contiguous float32 planes, "
                          f"column stride <= 2)")
-    if bias is not None:
-        bias = np.ascontiguousarray(bias, _F32).reshape(-1)
-        if bias.shape != (c,):
-            raise ValueError(f"native depthwise: bias of {bias.shape[0]} for {c} channels")
+    bias = _bias(bias, c, "depthwise")
     work = np.empty(_LIB.ember_depthwise_work_floats(h, wd, r, s, sh, sw, pads[0], pads[1], p, q), _F32)
     args = (n, c, h, wd, x.ctypes.data, x.strides[0] // 4, x.strides[1] // 4, r, s, sh, sw, pads[0], pads[1], p, q,
             w.ctypes.data, bias.ctypes.data if bias is not None else None, lo, hi, y.ctypes.data, y.strides[0] // 4,
