@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from ember.backends.base import View  # noqa: E402
 from ember.backends.cpu import CpuBackend  # noqa: E402
-from ember.ops import winograd  # noqa: E402
+from ember.core import winograd  # noqa: E402
 
 F32 = np.dtype(np.float32)
 DEFAULT = "1x64x56,1x128x28,1x256x14,1x512x7,8x64x56,8x128x28,8x256x14,8x512x7"

@@ -25,8 +25,8 @@ from bench_kernels import Timer  # noqa: E402
 
 import ember  # noqa: E402
 from ember.backends.base import View  # noqa: E402
-from ember.backends.expr import call, inp  # noqa: E402
 from ember.backends.wgpu import conv  # noqa: E402
+from ember.core.expr import call, inp  # noqa: E402
 
 # C, H, W, K, R(=S), stride, pad
 SHAPES = {"stem": (3, 224, 224, 64, 7, 2, 3), "mbv2_stem": (3, 224, 224, 32, 3, 2, 1)}

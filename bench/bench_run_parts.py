@@ -7,7 +7,7 @@ Replays the plan's run step by step with timers (the same calls Plan.run makes),
   submit  execute_prepared (submit of the command buffer encoded ahead, then encoding the next one)
   wait    reading the outputs (waits for the GPU, maps the readback buffer, copies out)
 and the GPU time of the run's steps (timestamps). Each repetition also times a whole run with the readback wait
-spinning (WAIT_SPIN_S, the default) and one that blocks in the driver at once, alternately.
+spinning (EMBER_WAIT_SPIN_US, the default) and one that blocks in the driver at once, alternately.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 from bench_models import workloads  # noqa: E402
 
 import ember  # noqa: E402
-from ember.backends.wgpu import backend as wb  # noqa: E402
 
 
 def main() -> int:
@@ -61,11 +60,10 @@ def main() -> int:
             t4 = time.perf_counter()
             model.run(feeds)
             parts["run"].append(time.perf_counter() - t4)
-            spin, wb.WAIT_SPIN_S = wb.WAIT_SPIN_S, 0.0
-            t5 = time.perf_counter()
-            model.run(feeds)
-            parts["run, blocking wait"].append(time.perf_counter() - t5)
-            wb.WAIT_SPIN_S = spin
+            with settings.override(wait_spin_us=0):
+                t5 = time.perf_counter()
+                model.run(feeds)
+                parts["run, blocking wait"].append(time.perf_counter() - t5)
         med = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
         gpu = be.gpu_time(plan.steps)
         print(f"{name}: run {med['run']:.3f} ms = write {med['write']:.3f} + submit {med['submit']:.3f} + wait "

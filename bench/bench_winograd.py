@@ -29,8 +29,8 @@ from bench_kernels import Timer  # noqa: E402
 
 import ember  # noqa: E402
 from ember.backends.base import View  # noqa: E402
-from ember.backends.expr import call, inp  # noqa: E402
-from ember.ops import winograd as wg  # noqa: E402
+from ember.core import winograd as wg  # noqa: E402
+from ember.core.expr import call, inp  # noqa: E402
 
 # ResNet-18's 3x3 stride-1 convs: (channels, H = W)
 SHAPES = [(64, 56), (128, 28), (256, 14), (512, 7)]

@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from .backends.base import ComputeBackend, View
+from .backends.base import ComputeBackend
+from .core.view import View
 
 
 class DeviceArray:

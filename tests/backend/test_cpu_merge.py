@@ -9,7 +9,7 @@ import pytest
 
 from ember.backends.base import View
 from ember.backends.cpu import CpuBackend, backend, native, parallel
-from ember.backends.expr import call, inp
+from ember.core.expr import call, inp
 
 from .helpers import download, poisoned, rel_err, upload
 from .test_conv2d import F32, TOL, conv_ref, out_hw

@@ -9,7 +9,7 @@ import pytest
 
 from ember.backends.base import View
 from ember.backends.cpu import CpuBackend, backend, native, parallel
-from ember.backends.expr import call, const, inp
+from ember.core.expr import call, const, inp
 
 from . import test_cpu_conv_maxpool as stem
 from . import test_cpu_split as split

@@ -12,7 +12,7 @@ import pytest
 
 from ember.backends.base import View
 from ember.backends.cpu import CpuBackend, parallel
-from ember.backends.expr import call, const, eval_numpy, inp
+from ember.core.expr import call, const, eval_numpy, inp
 
 from .helpers import download, poisoned, rel_err, upload
 from .test_conv2d import F32, TOL, conv_ref, out_hw
@@ -231,7 +231,7 @@ def test_phases_order_and_errors() -> None:
 def test_winograd_channel_split_in_phases(m: int, xshape: tuple, k: int, rng: np.random.Generator) -> None:
     """A Winograd conv with more output channels than tiles: the input transform over ranges of input channels,
     a barrier, then the products over ranges of output channels, in one region (parallel.Phases)."""
-    from ember.ops import winograd
+    from ember.core import winograd
 
     from .test_cpu_winograd import TOL as WTOL
     from .test_cpu_winograd import _record

@@ -13,7 +13,7 @@ import pytest
 
 import ember
 from ember.backends.base import View
-from ember.backends.expr import BOOL, INT, call, const, inp
+from ember.core.expr import BOOL, INT, call, const, inp
 
 from .helpers import download, poisoned, rel_err, upload
 

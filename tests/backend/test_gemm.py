@@ -7,7 +7,7 @@ import pytest
 
 import ember
 from ember.backends.base import View
-from ember.backends.expr import call, const, eval_numpy, inp
+from ember.core.expr import call, const, eval_numpy, inp
 
 from .helpers import download, poisoned, rel_err, upload
 

@@ -17,11 +17,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ember
+from ember import settings
 from ember.backends.base import View
-from ember.backends.expr import call, const, eval_numpy, inp
 from ember.backends.wgpu import autotune
 from ember.backends.wgpu import winograd as ww
-from ember.ops import winograd as wg
+from ember.core import winograd as wg
+from ember.core.expr import call, const, eval_numpy, inp
 
 from .test_conv2d import conv_ref
 
@@ -325,14 +326,12 @@ def test_scratch_shared_between_convs(be: ember.ComputeBackend, rng: np.random.G
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Convs recorded one after another share V, M and the split-K partial sums (backend.scratch): the second,
     no bigger, binds the very buffers the first does; both still compute their own results in one stream."""
-    from ember.backends.wgpu import backend as wb
-
-    monkeypatch.setattr(wb, "SHARED_SCRATCH", True)  # the default; EMBER_SHARED_SCRATCH=0 turns it off
-    monkeypatch.setattr(wb, "SCRATCH_PRIVATE_BYTES", 0)  # past the private budget from the start
+    # Sharing on (the default; EMBER_SHARED_SCRATCH=0 turns it off), past the private budget from the start.
     xs, ws, hx, hu, outs = _split_k_convs(be, rng, 2)
     try:
-        first = be.record_conv_winograd(hx[0], hu[0], None, outs[0], (1, 1, 1, 1), 2)
-        second = be.record_conv_winograd(hx[1], hu[1], None, outs[1], (1, 1, 1, 1), 2)
+        with settings.override(shared_scratch=True, scratch_private_mb=0):
+            first = be.record_conv_winograd(hx[0], hu[0], None, outs[0], (1, 1, 1, 1), 2)
+            second = be.record_conv_winograd(hx[1], hu[1], None, outs[1], (1, 1, 1, 1), 2)
         gc.collect()  # what shares a buffer is held by the steps alone
 
         def scratch(steps: list) -> list:
@@ -348,12 +347,9 @@ def test_scratch_shared_between_convs(be: ember.ComputeBackend, rng: np.random.G
 
 def test_scratch_private_within_budget(be: ember.ComputeBackend, rng: np.random.Generator,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Within SCRATCH_PRIVATE_BYTES each conv gets buffers of its own (sharing costs GPU time); once the private
+    """Within settings.SCRATCH_PRIVATE_MB each conv gets buffers of its own (sharing costs GPU time); once the private
     scratch alive would pass it, later convs share one buffer per role. Results are right either way."""
-    from ember.backends.wgpu import backend as wb
-
     gc.collect()
-    monkeypatch.setattr(wb, "SHARED_SCRATCH", True)
     xs, ws, hx, hu, outs = _split_k_convs(be, rng, 4)
 
     def scratch(steps: list) -> list:
@@ -366,9 +362,9 @@ def test_scratch_private_within_budget(be: ember.ComputeBackend, rng: np.random.
         gc.collect()
         # Room for two convs' private scratch (plus what other tests' steps may still hold), not more.
         held = sum(b.size for b in be._private_scratch)
-        monkeypatch.setattr(wb, "SCRATCH_PRIVATE_BYTES", held + 2 * need)
-        steps = [be.record_conv_winograd(x, u_, None, o, (1, 1, 1, 1), 2) for x, u_, o in zip(hx, hu, outs,
-                                                                                             strict=True)]
+        with settings.override(shared_scratch=True, scratch_private_mb=(held + 2 * need) / (1 << 20)):
+            steps = [be.record_conv_winograd(x, u_, None, o, (1, 1, 1, 1), 2)
+                     for x, u_, o in zip(hx, hu, outs, strict=True)]
         ids = [{id(b) for b in scratch(s)} for s in steps]
         assert not ids[0] & ids[1] and not ids[2] & (ids[0] | ids[1]), "within the budget, buffers of their own"
         assert ids[3] == ids[2], "past the budget, later convs share one buffer per role"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import ember
-from ember.backends.expr import call, inp
+from ember.core.expr import call, inp
 
 from .gate import SIZES, TOL, check, run_twice, sample, upload
 

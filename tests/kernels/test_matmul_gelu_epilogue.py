@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import ember
-from ember.backends.expr import call, inp
+from ember.core.expr import call, inp
 
 from .gate import row_errors, run_twice, upload
 

@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ember
+from ember import settings
 from ember.model import cast_feed
 
 
@@ -256,9 +257,7 @@ def test_runs_replay_a_command_buffer_encoded_ahead(conv_model) -> None:
     for batch in (2, 2, 5, 2, 5, 5):
         x = rng.random((batch, 3, 8, 8), np.float32)
         np.testing.assert_allclose(m.run({"x": x})["y"], reference(conv_model, {"x": x})[0], rtol=1e-4, atol=1e-5)
-    from ember.backends.wgpu import backend as wb
-
-    if wb.FORCE_WRAPPER_ENCODE or not wb.ENCODE_AHEAD:  # the wrapper path encodes every run itself
+    if settings.WGPU_PY_ENCODE.get() or not settings.ENCODE_AHEAD.get():  # the wrapper path encodes every run itself
         return
     replays = [plan._readback[0] for plan in m._plans.values()]
     assert all(len(r.ahead) == 1 for r in replays), "each plan holds its next command buffer"
@@ -293,9 +292,7 @@ def test_readback_never_spins_on_a_software_adapter() -> None:
     if be.adapter.info["adapter_type"] == "CPU":
         assert be._readback_spin_s() == 0.0
     else:
-        from ember.backends.wgpu import backend as wb
-
-        assert be._readback_spin_s() == wb.WAIT_SPIN_S
+        assert be._readback_spin_s() == settings.WAIT_SPIN_US.get() * 1e-6
 
 
 def test_wgpu_profile_methods(conv_model) -> None:

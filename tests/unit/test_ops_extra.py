@@ -16,7 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 import ember
 from ember.backends.base import View
-from ember.backends.expr import FLOAT, INT, call, const, coord, load
+from ember.core.expr import FLOAT, INT, call, const, coord, load
 
 R = np.random.default_rng(1234)
 

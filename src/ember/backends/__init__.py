@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from .. import settings
 from .base import BinaryOp, ComputeBackend, OutOfMemoryError, ReduceOp, UnaryOp, View
 
 ALIASES = {"gpu": "wgpu", "webgpu": "wgpu", "numpy": "cpu", "wgpu": "wgpu", "cpu": "cpu"}
@@ -31,7 +31,7 @@ def available_backends() -> list[str]:
 def backend(name: str = "auto", **opts: Any) -> ComputeBackend:
     """An initialised backend. "auto" = EMBER_BACKEND if set, else the best available one."""
     if isinstance(name, str) and name.lower() == "auto":
-        env = os.environ.get("EMBER_BACKEND", "").strip()
+        env = settings.BACKEND.get()
         if env and env.lower() != "auto":
             try:
                 name = canonical_name(env)

@@ -17,7 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from .expr import call, inp
+from .. import settings
+from ..core import winograd
+from ..core.conv import ConvSpec
+from ..core.expr import call, inp
+from ..core.view import View
 
 F32 = 4  # bytes per float32 element
 
@@ -59,92 +63,18 @@ class BinaryOp(enum.Enum):
 
 
 @dataclass(frozen=True)
-class View:
-    """A strided window on an allocation, in elements of `dtype` (the logical, numpy dtype).
+class ConvKernel:
+    """The kernel selection's answer for one convolution (see ComputeBackend.select_conv).
 
-    Broadcasting is a stride of 0; a transpose or slice is a permutation or step in `strides`. The
-    runtime's elementwise, matmul and reduce primitives take Views, so Transpose/Expand/Slice need no copy
-    kernel of their own.
-    """
+    `record(x, w, bias, out, act, residual)` records it (`w` is `weight` uploaded, where the kernel brings a
+    transformed filter of its own); `record_maxpool(x, w, bias, out, act, kernel, strides, pads, dilations)`,
+    where not None, records the conv and a MaxPool of its result as one kernel."""
 
-    handle: int
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    offset: int = 0
-
-    @staticmethod
-    def contiguous(handle: int, dtype: Any, shape: Sequence[int], offset: int = 0) -> View:
-        shape = tuple(int(d) for d in shape)
-        strides, acc = [], 1
-        for d in reversed(shape):
-            strides.append(acc)
-            acc *= d
-        return View(handle, np.dtype(dtype), shape, tuple(reversed(strides)), offset)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def is_contiguous(self) -> bool:
-        return self == View.contiguous(self.handle, self.dtype, self.shape, self.offset)
-
-    def extent(self) -> int:
-        """Elements from the start of the allocation that this view can touch."""
-        if self.size == 0:
-            return 0
-        return self.offset + sum((d - 1) * s for d, s in zip(self.shape, self.strides, strict=True) if s > 0) + 1
-
-    def broadcast_to(self, shape: Sequence[int]) -> View:
-        shape = tuple(shape)
-        pad = len(shape) - len(self.shape)
-        if pad < 0:
-            raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
-        src_shape = (1,) * pad + self.shape
-        src_strides = (0,) * pad + self.strides
-        strides = []
-        for d_src, s, d in zip(src_shape, src_strides, shape, strict=True):
-            if d_src == d:
-                strides.append(s if d != 1 else 0)
-            elif d_src == 1:
-                strides.append(0)
-            else:
-                raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
-        return View(self.handle, self.dtype, shape, tuple(strides), self.offset)
-
-    def merged(self, shape: Sequence[int]) -> View | None:
-        """The same elements as `shape`, where each new dim merges consecutive old dims, without a copy;
-        None if the strides do not allow it (then the caller copies)."""
-        shape = tuple(shape)
-        if math.prod(shape) != self.size:
-            return None
-        dims = [(d, s) for d, s in zip(self.shape, self.strides, strict=True)]
-        strides, i = [], 0
-        for want in shape:
-            if want == 1:
-                strides.append(0)
-                continue
-            group, prod = [], 1
-            while prod < want:
-                if i >= len(dims):
-                    return None
-                group.append(dims[i])
-                prod *= dims[i][0]
-                i += 1
-            if prod != want:
-                return None
-            real = [(d, s) for d, s in group if d != 1]
-            for (_d0, s0), (d1, s1) in zip(real, real[1:], strict=False):
-                if s0 != s1 * d1:
-                    return None
-            strides.append(real[-1][1] if real else 0)
-        if any(d != 1 for d, _ in dims[i:]):
-            return None
-        return View(self.handle, self.dtype, shape, tuple(strides), self.offset)
-
-    def permute(self, perm: Sequence[int]) -> View:
-        return View(self.handle, self.dtype, tuple(self.shape[p] for p in perm),
-                    tuple(self.strides[p] for p in perm), self.offset)
+    algorithm: str  # "winograd" or "default" (record_conv's own choice); the plan counts conv.<algorithm>
+    record: Callable[..., list]
+    takes_residual: bool
+    weight: np.ndarray | None = None
+    record_maxpool: Callable[..., list] | None = None
 
 
 class OutOfMemoryError(MemoryError):
@@ -473,6 +403,51 @@ class ComputeBackend(ABC):
     # ResNet block's Add + Relu run in the conv's epilogue instead of a kernel of their own).
     conv_residual: bool = False
 
+    def select_conv(self, spec: ConvSpec, weight: np.ndarray | None) -> ConvKernel:
+        """Kernel selection for one convolution: the algorithm (Winograd where eligible and cheaper by this
+        backend's cost model, settings.WINOGRAD overriding; else record_conv, which picks among its own direct /
+        implicit-GEMM kernels), whether its epilogue takes a residual, and a fused MaxPool where one kernel
+        computes both. `weight`: the filter's values when they are a model constant."""
+        tile = self._winograd_tile(spec, weight)
+        if tile is not None:
+            assert weight is not None
+            pads = spec.pads
+
+            def record_winograd(x: View, u: View, bias: View | None, out: View, act: Any,
+                                residual: View | None) -> list:
+                return self.record_conv_winograd(x, u, bias, out, pads, tile, act, residual=residual)
+
+            return ConvKernel("winograd", record_winograd, self.conv_residual,
+                              weight=winograd.transform_weights(np.asarray(weight, np.float32), tile))
+
+        def record_default(x: View, w: View, bias: View | None, out: View, act: Any, residual: View | None) -> list:
+            return self.record_conv(x, w, bias, out, spec.strides, spec.pads, spec.dilations, spec.groups, act,
+                                    residual=residual, const_weight=spec.const_weight)
+
+        record_pooled = None
+        if self.conv_maxpool_fits(spec.x_shape, spec.w_shape, spec.out_shape, spec.groups):
+            def record_pooled(x: View, w: View, bias: View | None, out: View, act: Any, kernel: tuple,
+                              pool_strides: tuple, pool_pads: tuple, pool_dilations: tuple) -> list:
+                return self.record_conv_maxpool(x, w, bias, out, spec.strides, spec.pads, spec.dilations, act,
+                                                spec.out_shape[2:], kernel, pool_strides, pool_pads, pool_dilations,
+                                                const_weight=spec.const_weight)
+
+        return ConvKernel("default", record_default, self.conv_residual, record_maxpool=record_pooled)
+
+    def _winograd_tile(self, spec: ConvSpec, weight: np.ndarray | None) -> int | None:
+        if not (self.winograd_tiles and weight is not None
+                and winograd.eligible(spec.kernel, spec.strides, spec.dilations, spec.groups)):
+            return None
+        forced = settings.WINOGRAD.get()
+        if forced is not None:
+            if forced == 0:
+                return None
+            if forced not in self.winograd_tiles:
+                raise ValueError(f"EMBER_WINOGRAD={forced}: expected 0 (off) or one of {self.winograd_tiles}")
+            return forced
+        n, k, p, q = spec.out_shape
+        return self.winograd_tile(n, spec.x_shape[1], k, p, q, spec.dtype)
+
     @abstractmethod
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
@@ -495,7 +470,7 @@ class ComputeBackend(ABC):
         record_pool's "max"; only where `conv_maxpool_fits` said so."""
         raise NotImplementedError(f"{type(self).__name__} has no fused conv + max pooling")
 
-    # Winograd F(m, 3) convolution (ops/winograd.py has the algorithm and the layouts): the output tiles m this
+    # Winograd F(m, 3) convolution (core/winograd.py has the algorithm and the layouts): the output tiles m this
     # backend implements; empty when it has no Winograd kernels.
     winograd_tiles: tuple[int, ...] = ()
 
@@ -507,7 +482,7 @@ class ComputeBackend(ABC):
     def record_conv_winograd(self, x: View, u: View, bias: View | None, out: View, pads: tuple[int, int, int, int],
                              m: int, act: Any = None, residual: View | None = None) -> list:
         """out = act(conv3x3(x) + bias + residual) by Winograd F(m, 3): x (N, C, H, W), u the transformed filter
-        (alpha^2, K, C) from ops/winograd.transform_weights, out (N, K, P, Q), pads (top, left, bottom, right);
+        (alpha^2, K, C) from core/winograd.transform_weights, out (N, K, P, Q), pads (top, left, bottom, right);
         `residual` only where `conv_residual` says so."""
         raise NotImplementedError(f"{type(self).__name__} has no Winograd convolution")
 
@@ -550,6 +525,24 @@ class ComputeBackend(ABC):
     def record_softmax(self, x: View, out: View, n: int, log: bool) -> list:
         """(Log)softmax over each row of the last n elements of x (x, out contiguous), max-subtracted; a row
         of all -inf (or holding NaN or +inf) gives NaN, as ONNX's reference and ONNX Runtime do."""
+
+    # ---- loop primitives: an output element depends on a whole line of the input (scan, top-k) or on where
+    # other elements go (scatter); the ONNX ops CumSum, CumProd, TopK, ScatterElements, ScatterND… build on them.
+    def record_scan(self, op: str, x: View, out: View, axis: int, exclusive: bool, reverse: bool) -> list:
+        """Inclusive/exclusive running "sum" or "prod" along `axis`, optionally from the end. x and out:
+        contiguous Views of one shape."""
+        raise NotImplementedError(f"{type(self).__name__} has no scan")
+
+    def record_topk(self, x: View, values: View, indices: View, axis: int, k: int, largest: bool) -> list:
+        """The k largest (or smallest) elements along `axis`, sorted, equal values in index order; indices are
+        int64. All Views contiguous; values/indices have k along `axis`."""
+        raise NotImplementedError(f"{type(self).__name__} has no top-k")
+
+    def record_scatter(self, out: View, offsets: View, updates: View, reduction: str) -> list:
+        """For each update in order, out.flat[offset] = reduce(out.flat[offset], update), reduction "none",
+        "add", "mul", "max" or "min". `out` (contiguous) already holds the data; offsets (int) and updates are
+        contiguous Views of one shape. Offsets are clamped into out."""
+        raise NotImplementedError(f"{type(self).__name__} has no scatter")
 
     # ---- tensors with logical dtypes (the runtime's view of memory) ----------------------------------
     @abstractmethod

@@ -15,8 +15,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..backends.base import ComputeBackend, View
-from ..backends.expr import Expr
+from ..backends.base import ComputeBackend
+from ..core.dtypes import kind_of
+from ..core.expr import Expr
+from ..core.view import View
 from ..ir import Node
 
 
@@ -162,7 +164,7 @@ class Context:
         v = self.view(t)
         if v.is_contiguous():
             return v
-        from ..backends.expr import inp
+        from ..core.expr import inp
 
         out = self.alloc(t.dtype, t.shape)
         self.record(self.backend.record_elementwise(inp(0, kind_of(t.dtype)), [v], out))
@@ -184,11 +186,6 @@ def referenced_handles(t: T, out: set[int]) -> None:
         out.update(v.handle for v in t.lazy.deps)
         for i in t.lazy.inputs:
             referenced_handles(i, out)
-
-
-def kind_of(dtype: Any) -> str:
-    k = np.dtype(dtype).kind
-    return "float" if k == "f" else "bool" if k == "b" else "int"
 
 
 class Op:

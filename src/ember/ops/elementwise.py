@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..backends.base import View
-from ..backends.expr import BOOL, FLOAT, INT, Expr, call, const, inp
+from ..core.expr import BOOL, FLOAT, INT, Expr, call, const, inp
+from ..core.view import View
 from .base import Context, Lazy, Op, T, kind_of, register
 
 

@@ -15,9 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..backends.base import View
-from ..backends.expr import BOOL, FLOAT, INT, Expr, call, const, coord, inp, load
-from ..backends.loops import ensure
+from ..core.expr import BOOL, FLOAT, INT, Expr, call, const, coord, inp, load
+from ..core.view import View
 from .base import Context, Op, T, kind_of, register
 from .reduce import reduce_axes
 from .shape import host_ints, norm_axis, reshape_view, slice_view
@@ -652,7 +651,6 @@ def scatter(ctx: Context, data: T, offsets: Expr, offset_inputs: Sequence[T | Vi
     out = kernel(ctx, inp(0, kind_of(data.dtype)), [data], data.dtype, data.shape)
     if updates.size and out.size:
         offs = kernel(ctx, offsets, offset_inputs, np.dtype(np.int32), updates.shape)
-        ensure(ctx.backend)
         ctx.record(ctx.backend.record_scatter(out.view, offs.view, ctx.contiguous(updates), reduction))
     return out
 

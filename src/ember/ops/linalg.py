@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from ..backends.base import View
-from ..backends.expr import Expr
+from ..core.expr import Expr
+from ..core.view import View
 from .base import Context, Op, T, register
 from .elementwise import anchored
 from .shape import reshape_view

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
-from ..backends.base import View
-from ..backends.expr import FLOAT, Expr, call, const, inp
-from . import winograd
+from ..core.conv import ConvSpec
+from ..core.expr import FLOAT, Expr, call, const, inp
+from ..core.view import View
 from .base import Context, Op, T, register
 from .elementwise import anchored, emit
 from .reduce import reduce_axes
@@ -67,33 +66,30 @@ class Conv(Op):
             strides, dil, kernel = (1, *strides), (1, *dil), (1, *kernel)
             pads = [0, pads[0], 0, pads[1]]
         out4 = out_shape if r == 2 else out_shape[:2] + (1,) + out_shape[2:]
-        pads4 = (pads[0], pads[1], pads[2], pads[3])
-        m = winograd_choice(ctx, x, w, kernel, strides, dil, g, out_shape) if r == 2 else None
-        if m is not None:
-            xv = ctx.contiguous(x)
-            # U stays float32 in a float16 model too: F(4, 3)'s output transform (entries up to 8) amplified U's
-            # float16 rounding ~10x (3-5e-3 of max|out| against 2-3e-4 for the direct f16 conv on lavapipe).
-            wv = ctx.view(ctx.const(winograd.transform_weights(np.asarray(w.value, np.float32), m)))
-            ctx.count("conv.winograd")
-        else:
-            xv, wv = ctx.contiguous(to_2d(ctx, x)), ctx.contiguous(to_2d(ctx, w))
+        x4 = x.shape if r == 2 else x.shape[:2] + (1,) + x.shape[2:]
+        w4 = w.shape if r == 2 else w.shape[:2] + (1,) + w.shape[2:]
+        spec = ConvSpec(x4, w4, out4, strides, (pads[0], pads[1], pads[2], pads[3]), dil, g, x.dtype,
+                        const_weight=w.value is not None)
+        chosen = ctx.backend.select_conv(spec, w.value)
+        if chosen.algorithm != "default":
+            ctx.count(f"conv.{chosen.algorithm}")
+        xv = ctx.contiguous(to_2d(ctx, x))
+        # A kernel's own filter (Winograd's U) stays float32 in a float16 model too: F(4, 3)'s output transform
+        # amplified U's float16 rounding about tenfold.
+        wv = ctx.view(ctx.const(chosen.weight)) if chosen.weight is not None else ctx.contiguous(to_2d(ctx, w))
         bias = ctx.contiguous(b) if b is not None else None
 
         def record(out: View, act: Expr | None, residual: View | None = None) -> list:
             o4 = View.contiguous(out.handle, out.dtype, out4, out.offset)
             res = residual_view(ctx, residual, out4) if residual is not None else None
-            if m is not None:  # wv is the transformed filter U
-                return ctx.backend.record_conv_winograd(xv, wv, bias, o4, pads4, m, act, residual=res)
-            return ctx.backend.record_conv(xv, wv, bias, o4, strides, pads4, dil, g, act, residual=res,
-                                           const_weight=w.value is not None)
+            return chosen.record(xv, wv, bias, o4, act, res)
 
-        t = anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias], takes_bias=ctx.backend.conv_residual)
-        be = ctx.backend
-        if t.lazy is not None and m is None and r == 2 and be.conv_maxpool_fits(x.shape, w.shape, out_shape, g):
-            def record_pool(out: View, act: Expr | None, kernel: tuple, pstrides: tuple, ppads: tuple,
-                            pdil: tuple) -> list:
-                return ctx.backend.record_conv_maxpool(xv, wv, bias, out, strides, pads4, dil, act, out4[2:], kernel,
-                                                       pstrides, ppads, pdil, const_weight=w.value is not None)
+        t = anchored(ctx, x.dtype, out_shape, record, [xv, wv, bias], takes_bias=chosen.takes_residual)
+        pooled = chosen.record_maxpool
+        if t.lazy is not None and pooled is not None and r == 2:
+            def record_pool(out: View, act: Expr | None, pool_kernel: tuple, pool_strides: tuple, pool_pads: tuple,
+                            pool_dilations: tuple) -> list:
+                return pooled(xv, wv, bias, out, act, pool_kernel, pool_strides, pool_pads, pool_dilations)
 
             t.lazy.pool = record_pool
         return [t]
@@ -107,24 +103,6 @@ def residual_view(ctx: Context, residual: View, out4: tuple[int, ...]) -> View:
     if res is None or res.merged((n, k, p * q)) is None:
         res = ctx.contiguous(T(residual.dtype, residual.shape, view=residual)).merged(out4)
     return res
-
-
-def winograd_choice(ctx: Context, x: T, w: T, kernel: tuple, strides: tuple, dil: tuple, groups: int,
-                    out_shape: tuple[int, ...]) -> int | None:
-    """The Winograd tile m for this Conv, or None (direct). Needs constant weights (transformed at load) and a
-    backend with Winograd kernels; the backend's cost model decides, EMBER_WINOGRAD=0 / 2 / 4 overrides it."""
-    be = ctx.backend
-    if not (be.winograd_tiles and w.is_const and winograd.eligible(kernel, strides, dil, groups)):
-        return None
-    env = os.environ.get("EMBER_WINOGRAD", "")
-    if env:
-        if env == "0":
-            return None
-        if not env.isdigit() or int(env) not in be.winograd_tiles:
-            raise ValueError(f"EMBER_WINOGRAD={env!r}: expected 0 (off) or one of {be.winograd_tiles}")
-        return int(env)
-    n, k, p, q = out_shape
-    return be.winograd_tile(n, x.shape[1], k, p, q, x.dtype)
 
 
 class Pool(Op):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends.base import View
+from ..core.view import View
 from .base import Context, Op, T, register
 from .shape import host_ints, norm_axis, reshape_view
 

@@ -11,8 +11,8 @@ import math
 import numpy as np
 from onnx import helper
 
-from ..backends.base import View
-from ..backends.expr import const, inp
+from ..core.expr import const, inp
+from ..core.view import View
 from .base import Context, Op, T, kind_of, register
 
 

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from ..backends.base import View
-from ..backends.expr import call, const, inp
+from ..core.expr import call, const, inp
+from ..core.view import View
 from .base import Context, Op, T, register
 from .elementwise import emit
 from .reduce import reduce_axes

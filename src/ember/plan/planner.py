@@ -13,13 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import ComputeBackend, View
+from ..backends.base import ComputeBackend
 from ..backends.cpu import CpuBackend
-from ..backends.expr import inp
+from ..core.dtypes import kind_of
+from ..core.expr import inp
+from ..core.view import View
 from ..device_array import DeviceArray
 from ..ir import Graph
 from ..ops import Context, T, UnsupportedError, lookup
-from ..ops.base import kind_of, referenced_handles
+from ..ops.base import referenced_handles
 from ..ops.elementwise import emit
 
 _FOLD = threading.local()

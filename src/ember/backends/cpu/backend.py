@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..base import ComputeBackend, OutOfMemoryError, View
-from ..expr import Expr, call, eval_numpy, inp
+from ...core.expr import Expr, call, eval_numpy, inp
+from ...core.view import View
+from ..base import ComputeBackend, OutOfMemoryError
 from . import native, parallel, winograd
 from .inplace import compile_inplace
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..expr import FLOAT, NUMPY_OPS, Expr
+from ...core.expr import FLOAT, NUMPY_OPS, Expr
 
 Step = Callable[[], None]
 

@@ -1,11 +1,11 @@
-"""Loop primitives on the cpu backend (contract: ember.backends.loops): numpy's cumulative ops, stable sorts
-and unbuffered `ufunc.at` scatters."""
+"""Loop primitives on the cpu backend (ComputeBackend.record_scan/record_topk/record_scatter): numpy's cumulative
+ops, stable sorts and unbuffered `ufunc.at` scatters."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..base import View
+from ...core.view import View
 from .backend import CpuBackend, Step
 
 _SCAN = {"sum": np.cumsum, "prod": np.cumprod}

@@ -12,11 +12,12 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import math
-import os
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+
+from ... import settings
 
 MR = 32  # rows per packed panel (_gemm.c)
 # Products with more columns than this stay with OpenBLAS, whose packing then pays for itself: on this project's
@@ -27,7 +28,7 @@ _calls = [0]  # runs of gemm steps, for tests (increments from two threads may r
 
 
 def _load() -> ctypes.CDLL | None:
-    if os.environ.get("EMBER_NATIVE_GEMM", "1") == "0":
+    if not settings.NATIVE_GEMM.get():
         return None
     try:
         spec = importlib.util.find_spec(f"{__package__}._gemm")

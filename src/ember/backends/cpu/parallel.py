@@ -22,6 +22,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ... import settings
+
 Task = Callable[[], None]
 
 
@@ -307,10 +309,7 @@ def pool() -> Pool | None:
     """The process's pool (made on first use), or None on one core or with EMBER_CPU_THREADS=1."""
     with _lock:
         if not _pool:
-            raw = os.environ.get("EMBER_CPU_THREADS", "").strip() or str(min(cores(), DEFAULT_MAX_THREADS))
-            if not raw.isdigit() or int(raw) < 1:
-                raise ValueError(f"EMBER_CPU_THREADS: expected a whole number >= 1, got {raw!r}")
-            threads = int(raw)
+            threads = settings.CPU_THREADS.get() or min(cores(), DEFAULT_MAX_THREADS)
             _pool.append(Pool(threads - 1) if threads > 1 else None)
         return _pool[0]
 

@@ -1,4 +1,4 @@
-"""Winograd F(m, 3) convolution on the cpu backend: the layouts and algorithm of ember.ops.winograd, in numpy.
+"""Winograd F(m, 3) convolution on the cpu backend: the layouts and algorithm of ember.core.winograd, in numpy.
 
 Per run, over all tiles at once:
 1. the input is copied into a padded buffer of the conv's own (its padding zeros written once), split by row
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ...ops import winograd
+from ...core import winograd
 from . import parallel
 
 Step = Callable[[], None]

@@ -4,6 +4,7 @@ Where things run: elementwise ops -> elementwise.py (generated), gemm/MatMul -> 
 Conv -> conv.py, reductions -> reduce.py, attention -> attention.py.
 """
 
+from . import loops  # noqa: F401  (attaches the loop primitives)
 from .backend import WgpuBackend
 
 __all__ = ["WgpuBackend"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import View
+from ...core.view import View
 from .backend import WgpuBackend, as_f32, from_f32, grid_1d
 from .elementwise import float_literal
 from .matmul import Window, binding_windows, check_no_overlap, check_view, rebase_view, require_float

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import wgpu
 
+from ... import settings
 from .backend import Dispatch, WgpuBackend
 from .matmul import (
     HUGE_MIN_WORKGROUPS,
@@ -192,11 +193,7 @@ def generator_version() -> str:
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("EMBER_CACHE_DIR", "").strip()
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "ember"
+    return settings.cache_dir()
 
 
 def cache_path(directory: Path, ident: dict[str, Any]) -> Path:
@@ -313,9 +310,9 @@ class Tuner:
         scoped = getattr(self.local, "enabled", None)
         if scoped is not None:
             return scoped
-        env = os.environ.get("EMBER_AUTOTUNE", "").strip().lower()
-        if env:
-            return env not in ("0", "false", "no", "off")
+        chosen = settings.AUTOTUNE.get()
+        if chosen is not None:
+            return chosen
         return self.be.adapter.info.get("adapter_type") != "CPU"
 
 

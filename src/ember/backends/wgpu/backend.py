@@ -8,7 +8,6 @@ creates no new pipelines (`pipelines_created` counts them).
 from __future__ import annotations
 
 import functools
-import os
 import re
 import string
 import time
@@ -19,8 +18,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import wgpu
 
-from ..base import ComputeBackend, OutOfMemoryError, View
-from ..expr import Expr
+from ... import settings
+from ...core.expr import Expr
+from ...core.view import View
+from ..base import ComputeBackend, OutOfMemoryError
 from . import device as dev
 
 # WebGPU buffer sizes and copy sizes must be multiples of 4; 16 keeps vec4 loads of a tail in bounds.
@@ -28,45 +29,18 @@ BUFFER_ALIGN = 16
 WORKGROUPS_PER_DIM = 65535
 
 
-FORCE_WRAPPER_ENCODE = os.environ.get("EMBER_WGPU_PY_ENCODE", "") not in ("", "0")
 PROFILE_WARMUP_S = 0.05  # see profile()
 # Kernels' transient buffers (WgpuBackend.scratch): each kernel gets its own while the backend's private scratch
-# stays within SCRATCH_PRIVATE_BYTES, beyond that one buffer per role is shared. Sharing cost ResNet-18 batch 8
-# 2.7-3 % of its GPU time on the H200 (0.923-0.927 against 0.900 ms, 2026-11-30; 0.966 against 0.938 the session
-# before; two buffers per role taken in turn: 0.963, so not the write-after-read waits; the cause is unknown),
-# for 35 MB of scratch instead of ~200 MB. EMBER_SHARED_SCRATCH=0: never share; EMBER_SCRATCH_PRIVATE_MB: the
-# budget (0: always share).
-SHARED_SCRATCH = os.environ.get("EMBER_SHARED_SCRATCH", "1") not in ("", "0")
-
-
-def _env_amount(name: str, default: float, unit: str) -> float:
-    """A non-negative number of `unit` from environment variable `name` (`default` when unset or empty)."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of {unit}, got {text!r}") from None
-    if not value >= 0:
-        raise ValueError(f"{name} must be >= 0, got {text!r}")
-    return value
-
-
-SCRATCH_PRIVATE_BYTES = int(_env_amount("EMBER_SCRATCH_PRIVATE_MB", 256, "MiB") * (1 << 20))
+# stays within settings.SCRATCH_PRIVATE_MB; beyond that one buffer per role is shared (settings.SHARED_SCRATCH).
+# Sharing costs a few % of GPU time for a fraction of the memory (BENCHMARKS.md, "scratch").
 PROFILE_REPS = 3
 # gpu_time keeps stamping runs for at least this long and reports the fastest: an H200 idle for a few seconds
 # (say while a model compiles) read ResNet-18 batch 8 at 7.6 ms for ~0.5 s of stamped runs, then 1.5 ms.
 GPU_TIME_MIN_S = 1.0
-# Encode a plan's next command buffer right after submitting this run's (see execute_prepared); 0 turns it off.
-ENCODE_AHEAD = os.environ.get("EMBER_ENCODE_AHEAD", "1") not in ("", "0")
 _NULL: Any = None
 _FFI: Any = None
 _LIBF: Any = None
 _MAP_CALLBACK: Any = None
-# On a hardware GPU a readback wait first polls the device without blocking for up to this long, then sleeps in the
-# driver's fence wait: waking from that sleep costs a run of a millisecond or two a visible slice of its time.
-WAIT_SPIN_S = _env_amount("EMBER_WAIT_SPIN_US", 3000, "microseconds") * 1e-6
 
 
 def _raw_lib() -> Any:
@@ -249,7 +223,8 @@ class WgpuBackend(ComputeBackend):
         convs have a V and an M each (~200 MB); shared, 3 scratch buffers of 35 MB (lavapipe's plan). The
         recorded steps hold the buffer (Dispatch.keep); when none does, it is freed (weak references here)."""
         size = -(-max(nbytes, 16) // BUFFER_ALIGN) * BUFFER_ALIGN
-        private = not SHARED_SCRATCH or sum(b.size for b in self._private_scratch) + size <= SCRATCH_PRIVATE_BYTES
+        budget = int(settings.SCRATCH_PRIVATE_MB.get() * (1 << 20))
+        private = not settings.SHARED_SCRATCH.get() or sum(b.size for b in self._private_scratch) + size <= budget
         if private:
             buf = self.device.create_buffer(size=size, usage=wgpu.BufferUsage.STORAGE, label=f"scratch: {role}")
             self._private_scratch.add(buf)
@@ -445,7 +420,7 @@ class WgpuBackend(ComputeBackend):
         arguments on every call (~10 µs per dispatch from Python), and recorded steps were validated once,
         when they were built. EMBER_WGPU_PY_ENCODE=1 takes the wrapper path instead.
         """
-        raw = _raw_lib() if not FORCE_WRAPPER_ENCODE else None
+        raw = _raw_lib() if not settings.WGPU_PY_ENCODE.get() else None
         cpass = None
         praw = None
         current = None
@@ -478,7 +453,7 @@ class WgpuBackend(ComputeBackend):
 
     def prepare(self, steps: list) -> Replay | list:
         """Resolve steps to raw handles for execute_prepared (the steps themselves with EMBER_WGPU_PY_ENCODE)."""
-        if FORCE_WRAPPER_ENCODE:
+        if settings.WGPU_PY_ENCODE.get():
             return steps
         segments: list = []
         cur: list | None = None
@@ -517,7 +492,7 @@ class WgpuBackend(ComputeBackend):
         finally:
             lib.wgpuCommandBufferRelease(cb)
         self.dispatches += len(prepared.steps)
-        if ENCODE_AHEAD:
+        if settings.ENCODE_AHEAD.get():
             prepared.ahead.append(self.encode_prepared(prepared))
 
     def release_prepared(self, prepared: Replay | list) -> None:
@@ -564,7 +539,7 @@ class WgpuBackend(ComputeBackend):
         anything else takes upload(). (A persistent mapped staging buffer per input was measured on the H200:
         no faster at the 10th percentile and slower at the median, see BENCHMARKS.md.)"""
         upload = self.upload
-        if FORCE_WRAPPER_ENCODE or NUMPY_STORAGE[storage_type(dtype)] != np.dtype(dtype):
+        if settings.WGPU_PY_ENCODE.get() or NUMPY_STORAGE[storage_type(dtype)] != np.dtype(dtype):
             return functools.partial(upload, handle)
         _raw_lib()
         write, queue, target, dtype = _LIBF.wgpuQueueWriteBuffer, self.queue._internal, self._bufs[handle], \
@@ -582,7 +557,7 @@ class WgpuBackend(ComputeBackend):
     def _readback_spin_s(self) -> float:
         """How long a readback wait polls without blocking (WAIT_SPIN_S). Never on a software adapter (lavapipe):
         it runs the GPU work on the host's cores, and a spinning thread would take one of them."""
-        return 0.0 if self.adapter.info["adapter_type"] == "CPU" else WAIT_SPIN_S
+        return 0.0 if self.adapter.info["adapter_type"] == "CPU" else settings.WAIT_SPIN_US.get() * 1e-6
 
     def _map_read(self, staging: Any, size: int) -> bytes:
         """The first `size` bytes of a MAP_READ buffer, after all submitted work.
@@ -590,7 +565,7 @@ class WgpuBackend(ComputeBackend):
         wgpu-py's map_async submits an empty command buffer first and waits through its poll thread (~90 µs
         on lavapipe); here the map is waited for by polling the device on this thread.
         """
-        if FORCE_WRAPPER_ENCODE:
+        if settings.WGPU_PY_ENCODE.get():
             staging.map_async("READ").sync_wait()
             try:
                 return bytes(staging.read_mapped(0, size, copy=False))

@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
-from ..base import View
-from ..expr import Expr
+from ... import settings
+from ...core.expr import Expr
+from ...core.view import View
 from . import matmul as mm
 from .backend import WgpuBackend, grid_1d
 from .elementwise import PRELUDE
@@ -41,8 +41,6 @@ DEPTHWISE_WORKGROUP = 256
 # filter slice in workgroup memory takes kt + 4 floats a tap (padding that spreads a warp's stores over banks).
 DIRECT_TQ = 16
 DIRECT_MAX_CRS, DIRECT_MIN_RS, DIRECT_MIN_WORKGROUPS = 64 * 4, 9, 128
-# EMBER_DIRECT_CONV=0 sends those convs to implicit GEMM too (to compare the two).
-DIRECT_CONV = os.environ.get("EMBER_DIRECT_CONV", "1") != "0"
 
 
 @dataclass
@@ -346,7 +344,7 @@ def direct_geometry(be: WgpuBackend, cs: ConvShape) -> DirectGeometry | None:
     """conv_direct.wgsl's layout for this conv, or None where it does not take it: it wants one group, a short
     K = C*R*S from a window of 9+ taps, output channels in whole warps, enough workgroups to fill a big GPU,
     and a patch + filter slice that fit the adapter's workgroup memory."""
-    if not DIRECT_CONV or cs.groups != 1 or cs.k % 8:
+    if not settings.DIRECT_CONV.get() or cs.groups != 1 or cs.k % 8:
         return None
     if cs.c * cs.r * cs.s > DIRECT_MAX_CRS or cs.r * cs.s < DIRECT_MIN_RS:
         return None

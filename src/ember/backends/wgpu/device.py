@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import wgpu
+
+from ... import settings
 
 # OpenGL adapters are left out: wgpu's GL backend lacks storage buffers in several stages and compute
 # features this backend needs; Vulkan, Metal and D3D12 are the targets.
@@ -31,8 +32,7 @@ def _describe(adapter: Any) -> str:
 
 @functools.cache
 def _all_adapters() -> tuple[Any, ...]:
-    # Enumeration also probes EGL, which complains on stderr without XDG_RUNTIME_DIR; give it one.
-    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    settings.default_runtime_dir()
     try:
         return tuple(wgpu.gpu.enumerate_adapters_sync())
     except Exception:  # no Vulkan loader, no driver: no adapters
@@ -115,4 +115,4 @@ def create_shader_module(device: Any, code: str, label: str, trusted: bool) -> A
 
 
 def checked_shaders_forced() -> bool:
-    return os.environ.get("EMBER_CHECKED_SHADERS", "") not in ("", "0")
+    return bool(settings.CHECKED_SHADERS.get())

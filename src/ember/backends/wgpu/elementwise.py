@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..base import View
-from ..expr import BOOL, FLOAT, INT, Expr
+from ...core.expr import BOOL, FLOAT, INT, Expr
+from ...core.view import View
 from .backend import WgpuBackend, as_f32, grid_1d, storage_type
 
 WORKGROUP = 256

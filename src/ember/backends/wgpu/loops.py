@@ -1,11 +1,12 @@
-"""Loop primitives on the GPU (contract: ember.backends.loops): kernels/scan.wgsl, topk.wgsl, scatter.wgsl."""
+"""Loop primitives on the GPU (ComputeBackend.record_scan/record_topk/record_scatter): kernels/scan.wgsl,
+topk.wgsl, scatter.wgsl."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from ..base import View
+from ...core.view import View
 from .backend import WgpuBackend, grid_1d, storage_type
 
 # f16 lines (float16 models) run in f16 like numpy's float16 cumsum; precision="f16" plans keep these ops in f32.

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from ..base import View
-from ..expr import FLOAT, Expr
+from ...core.expr import FLOAT, Expr
+from ...core.view import View
 from .backend import WORKGROUPS_PER_DIM, WgpuBackend, as_f32, from_f32, grid_1d
 from .elementwise import PRELUDE, _Emitter, float_literal
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import View
+from ...core.view import View
 from .backend import WgpuBackend, as_f32, from_f32, grid_1d, storage_type
 from .elementwise import PRELUDE, float_literal
 

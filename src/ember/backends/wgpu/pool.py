@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import View
+from ...core.view import View
 from .backend import WgpuBackend, grid_1d, storage_type
 from .elementwise import PRELUDE
 

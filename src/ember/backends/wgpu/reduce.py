@@ -28,7 +28,7 @@ from typing import Any
 
 import wgpu
 
-from ..base import View
+from ...core.view import View
 from .backend import WgpuBackend, grid_1d, storage_type
 from .elementwise import PRELUDE, int_literal
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import View
+from ...core.view import View
 from . import norm
 from .backend import WgpuBackend, grid_1d
 

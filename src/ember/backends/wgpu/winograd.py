@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from ...ops import winograd as wg
-from ..base import View
-from ..expr import Expr
+from ...core import winograd as wg
+from ...core.expr import Expr
+from ...core.view import View
 from . import matmul as mm
 from .backend import WgpuBackend, grid_1d
 from .elementwise import PRELUDE, float_literal
