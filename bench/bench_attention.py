@@ -1,71 +1,53 @@
-"""Attention on the GPU: ember's two fused arms against the decomposition, PyTorch alongside.
+"""Attention on the GPU: the arm ember picks against the unfused decomposition, PyTorch alongside.
 
-Decoding shapes (one query row, long key/value cache): the flash kernel and the GEMM arm, each forced, timed
-by `model.gpu_time` (GPU timestamps around a run) and by wall clock over back-to-back runs with
-device-resident inputs and outputs. Prefill shapes: the arm ember picks against the unfused decomposition
-(MatMul, Div, Softmax, MatMul), both ways. PyTorch SDPA (and its eager decomposition) when CUDA is present.
+    python3 bench/bench_attention.py [--reps 50] [--shapes 1x12x1024x64,...] [--decode 1x32x4096x128,...]
+        [--backend wgpu] [--set KEY=VALUE] [--json out.json] [--md out.md]
+
+Prefill shapes (B x H x S x D) and decoding shapes (one query row over S keys): the graph as exporters write it
+(MatMul, Div, Softmax, MatMul; graphs.attention_graph), loaded with fusion (ember's arm: the flash kernel or
+GEMM + fused softmax + GEMM, named from Model.stats) and with fuse=False, each timed by Model.gpu_time (GPU
+timestamps around one run) and by wall clock over `reps` back-to-back runs with device-resident inputs and
+outputs (median of --repeat such batches). PyTorch SDPA and its eager decomposition when CUDA is present.
 The GPU is kept busy first so its clocks are up.
 
-    python3 bench/bench_attention.py [--reps 50]
+Forcing one arm (flash against GEMM at the same shape, as BENCHMARKS.md's decoding table did) needs a public
+knob for the choice; the earlier version patched ember.ops.transformer.FLASH_MAX_SCORES. If a setting for it
+exists, --set applies it to the fused model.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_fused import attention_graph, build  # noqa: E402
-from bench_kernels import cuda_torch  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import graphs  # noqa: E402
+import harness  # noqa: E402
 
 import ember  # noqa: E402
-from ember.device_array import DeviceArray  # noqa: E402
-from ember.ops import transformer  # noqa: E402
 
-FLASH_DEFAULT = transformer.FLASH_MAX_SCORES
-
-
-def wall_ms(model: ember.Model, feeds: dict, reps: int) -> float:
-    be = model.compute_backend
-    dev = {k: DeviceArray.from_numpy(be, v) for k, v in feeds.items()}
-    for _ in range(3):
-        model.run(dev, keep_on_device=True)
-    be.synchronize()
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(reps):
-            model.run(dev, keep_on_device=True)
-        be.synchronize()
-        times.append((time.perf_counter() - t) * 1e3 / reps)
-    return min(times)
+PREFILL = "1x12x1024x64,4x16x512x128,8x12x128x64,1x32x2048x128"
+DECODE = "1x32x4096x128,4x32x2048x128,1x8x8192x64"  # B x H x keys x D, one query row
 
 
-def torch_ms(shape: tuple, reps: int, kv: int | None = None) -> tuple[float, float] | None:
-    torch = cuda_torch()
+def wall(model: ember.Model, be: ember.ComputeBackend, feeds: dict, reps: int, repeat: int) -> harness.Stats:
+    """ms per run over `reps` back-to-back runs on device-resident feeds, outputs kept on the device."""
+    dev = {k: ember.DeviceArray.from_numpy(be, v) for k, v in feeds.items()}
+    return harness.measure(lambda: model.run(dev, keep_on_device=True), repeat, 3, inner=reps, sync=be.synchronize)
+
+
+def torch_ms(q_shape: tuple, kv_shape: tuple, reps: int, repeat: int) -> tuple[float, float] | None:
+    torch = harness.cuda_torch()
     if torch is None:
         return None
-    kv_shape = shape if kv is None else (*shape[:2], kv, shape[3])
-    q = torch.randn(shape, device="cuda")
+    q = torch.randn(q_shape, device="cuda")
     k, v = (torch.randn(kv_shape, device="cuda") for _ in range(2))
-    scale = shape[-1] ** -0.5
+    scale = q_shape[-1] ** -0.5
 
-    def timed(fn: object) -> float:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        best = []
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            torch.cuda.synchronize()
-            best.append((time.perf_counter() - t) * 1e3 / reps)
-        return min(best)
+    def timed(fn: Any) -> float:
+        return harness.measure(fn, repeat, 3, inner=reps, sync=torch.cuda.synchronize).median
 
     sdpa = timed(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
     eager = timed(lambda: torch.softmax(q @ k.transpose(-1, -2) * scale, -1) @ v)
@@ -74,47 +56,50 @@ def torch_ms(shape: tuple, reps: int, kv: int | None = None) -> tuple[float, flo
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--reps", type=int, default=50, help="back-to-back runs per wall-clock sample")
+    ap.add_argument("--shapes", default=PREFILL, help="prefill shapes BxHxSxD (empty: none)")
+    ap.add_argument("--decode", default=DECODE, help="decoding shapes BxHxSxD, one query row (empty: none)")
+    ap.add_argument("--backend", default="wgpu")
+    ap.add_argument("--warm-s", type=float, default=1.0, help="seconds of runs before the first timing")
+    harness.add_settings(ap)
+    harness.add_common(ap, repeat=5, warmup=3, backends=False)
     args = ap.parse_args()
-    shapes = [(1, 12, 1024, 64), (4, 16, 512, 128), (8, 12, 128, 64), (1, 32, 2048, 128)]
-    decode = [(1, 32, 4096, 128), (4, 32, 2048, 128), (1, 8, 8192, 64)]  # (B, H, S_kv, D), one query row
-    warm = None
-    for shape in decode:  # both fused arms forced, to see which one decoding should take
-        proto, feeds = build(attention_graph(*shape, sq=1))
-        arms = {}
-        for arm, limit in (("flash", 1 << 62), ("gemm", 0)):
-            transformer.FLASH_MAX_SCORES = limit
-            model = ember.load_onnx(proto, backend="wgpu")
-            if warm is None:
-                warm = time.perf_counter()
-                while time.perf_counter() - warm < 1.0:
-                    model.run(feeds)
-            arms[arm] = (model.gpu_time(feeds, 10), wall_ms(model, feeds, args.reps))
-        transformer.FLASH_MAX_SCORES = FLASH_DEFAULT
-        ref = torch_ms((shape[0], shape[1], 1, shape[3]), args.reps, kv=shape[2])
-        print(f"decode {str(shape):22} flash gpu {arms['flash'][0]:.4f} wall {arms['flash'][1]:.4f} ms | gemm gpu "
-              f"{arms['gemm'][0]:.4f} wall {arms['gemm'][1]:.4f} ms" + (f" | torch sdpa {ref[0]:.4f}" if ref else ""),
-              flush=True)
-    for shape in shapes:
-        proto, feeds = build(attention_graph(*shape))
-        fused = ember.load_onnx(proto, backend="wgpu")
-        plain = ember.load_onnx(proto, backend="wgpu", fuse=False)
-        if warm is None:  # keep the GPU busy for ~1 s so its clocks are up
-            warm = time.perf_counter()
-            while time.perf_counter() - warm < 1.0:
-                plain.run(feeds)
-        err = float(np.abs(fused.run(feeds)["y"] - plain.run(feeds)["y"]).max())
-        prof = [m.gpu_time(feeds, 10) for m in (fused, plain)]
-        wall = [wall_ms(m, feeds, args.reps) for m in (fused, plain)]
-        flop = 4 * np.prod(shape) * shape[2]
-        ref = torch_ms(shape, args.reps)
-        line = (f"{str(shape):18} fused prof {prof[0]:.3f} wall {wall[0]:.3f} ms ({flop / wall[0] / 1e9:.1f} TFLOP/s)"
-                f" | unfused prof {prof[1]:.3f} wall {wall[1]:.3f} | err {err:.1e}")
-        if ref:
-            line += f" | torch sdpa {ref[0]:.3f} eager {ref[1]:.3f}"
-        print(line, flush=True)
-        arm = [k for k, v in fused.stats().items() if k.startswith("attention.") and v]
-        print(f"   arm {arm}; fused steps:", fused.profile(feeds)[:3], "\n   unfused steps:", plain.profile(feeds)[:5])
+    arm = harness.Arm.parse("fused", args.set)
+    report = harness.Report(f"Attention on {args.backend}: ember's arm against fuse=False, ms per run", args,
+                            row_key="shape")
+    cases = [("decode", s) for s in args.decode.split(",") if s] + [("attention", s) for s in args.shapes.split(",")
+                                                                     if s]
+    be = ember.backend(args.backend)  # one device for every model, for DeviceArray feeds and synchronize
+    warmed = False
+    for kind, spec in cases:
+        b, h, s, d = (int(v) for v in spec.split("x"))
+        proto, feeds = graphs.synthetic(f"{kind}:{spec}")
+        with arm.scope():
+            fused = ember.load_onnx(proto, backend=be, **arm.load)
+        plain = ember.load_onnx(proto, backend=be, fuse=False)
+        if not warmed:  # keep the GPU busy so its clocks are up
+            harness.warm([lambda m=plain, f=feeds: m.run(f)], args.warm_s)
+            warmed = True
+        err = harness.max_rel_err(fused.run(feeds)["y"], plain.run(feeds)["y"])
+        with arm.scope():
+            f_gpu, f_wall = fused.gpu_time(feeds, 10), wall(fused, be, feeds, args.reps, args.repeat)
+        u_gpu, u_wall = plain.gpu_time(feeds, 10), wall(plain, be, feeds, args.reps, args.repeat)
+        sq = 1 if kind == "decode" else s
+        flop = 4 * b * h * sq * s * d
+        # Model.stats: attention.fused counts the flash kernel, attention.gemm the GEMM arm.
+        names = {"fused": "flash", "gemm": "gemm", "fallback": "unfused"}
+        taken = [names.get(k.split(".", 1)[1], k) for k, v in fused.stats().items() if k.startswith("attention.") and v]
+        ref = torch_ms((b, h, sq, d), (b, h, s, d), args.reps, args.repeat)
+        label = f"{'decode ' if kind == 'decode' else ''}{b} x {h} x {s} x {d}"
+        cells: dict[str, Any] = {"ember arm": "/".join(taken) or "?", "ember gpu": f_gpu, "ember wall": f_wall,
+                                 "TFLOP/s (gpu)": flop / max(f_gpu, 1e-9) / 1e9, "fuse=False gpu": u_gpu,
+                                 "fuse=False wall": u_wall, "max rel diff": f"{err:.1e}"}
+        if ref is not None:
+            cells.update({"torch sdpa": ref[0], "torch eager": ref[1]})
+        print(f"{label:28} arm {cells['ember arm']:8} gpu {f_gpu:.4f} wall {f_wall.median:.4f} ms | fuse=False gpu "
+              f"{u_gpu:.4f} wall {u_wall.median:.4f} | err {err:.1e}", flush=True)
+        report.add(label, cells, fused_profile=fused.profile(feeds)[:3], unfused_profile=plain.profile(feeds)[:5])
+    report.finish()
     return 0
 
 

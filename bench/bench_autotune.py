@@ -1,95 +1,77 @@
-"""GEMM/conv tile autotune: what tuning costs at load and what it buys per run, per model.
+"""GEMM/conv tile autotune: what tuning costs at load and what it buys per run, per model (wgpu).
 
     python bench/bench_autotune.py [--models resnet18_b1,...] [--repeat 20] [--cache-dir DIR] [--json out.json]
+        [--md out.md]
 
-Per model on the wgpu backend: load with autotune=False (plan_gemm's heuristic), load with autotune=True into an
-empty cache (the tuning time), load again as a new process would (a fresh tuner: everything from the disk cache,
-nothing timed), then the median run time of the heuristic and the tuned model. Models come from
-bench_models.py's workloads. The cache goes to a temporary directory unless --cache-dir names one.
+Per model, each load on a backend object of its own (ember.backend("wgpu"): its own device and tuner, so only
+the disk cache carries over, as between processes): load with autotune=False (the tile heuristic), load with
+autotune=True into an empty cache (the tuning time), load again with autotune=True (everything from the disk
+cache, nothing timed), then the heuristic and the tuned model's runs interleaved in pairs (harness.ab, after
+half a second of both so the GPU clocks are up): medians and the per-pair ratio. Models: bench_models.py's
+names or graphs.py's specs. The cache goes to a new temporary directory unless --cache-dir names one.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from bench_models import workloads  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import graphs  # noqa: E402
+import harness  # noqa: E402
 
 import ember  # noqa: E402
-from ember.backends.wgpu import autotune  # noqa: E402
 
 
-def ab_ms(a: ember.Model, b: ember.Model, feeds: dict, repeat: int, blocks: int = 6) -> tuple[float, float]:
-    """Median run time of two models measured side by side: both warmed up (GPU clocks up), then alternating
-    blocks of runs, so clock and load drift hit both alike (measuring one after the other read the first
-    3.5x slow on an H200)."""
-    end = time.perf_counter() + 0.5
-    while time.perf_counter() < end:
-        a.run(feeds)
-        b.run(feeds)
-    times: tuple[list[float], list[float]] = ([], [])
-    per = max(1, repeat // blocks)
-    for _ in range(blocks):
-        for model, out in ((a, times[0]), (b, times[1])):
-            for _ in range(per):
-                t0 = time.perf_counter()
-                model.run(feeds)
-                out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times[0]), statistics.median(times[1])
-
-
-def bench(name: str, repeat: int) -> dict[str, Any]:
-    path, feeds, _ = workloads()[name]()
-    be = ember.backend("wgpu")
-    row: dict[str, Any] = {"model": name, "adapter": be.adapter_name}
-    t0 = time.perf_counter()
-    heuristic = ember.load_onnx(path, be, autotune=False)
-    row["load_heuristic_s"] = time.perf_counter() - t0
-    for label in ("tuned", "cached"):
-        be._autotuner = None  # a new process, as far as tuning goes: only the disk cache remains
+def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    source, feeds, _ = graphs.resolve(name)
+    row: dict[str, Any] = {}
+    models: dict[str, ember.Model] = {}
+    for label, tune in (("heuristic", False), ("tuned", True), ("cached", True)):
+        be = ember.backend("wgpu")
         t0 = time.perf_counter()
-        model = ember.load_onnx(path, be, autotune=True)
-        row[f"load_{label}_s"] = time.perf_counter() - t0
-        info = model.plan_info(feeds)
-        row[f"{label}_report"] = {k.split(".", 1)[1]: v for k, v in info.items() if k.startswith("autotune.")}
-    row["run_heuristic_ms"], row["run_tuned_ms"] = ab_ms(heuristic, model, feeds, repeat)
-    row["cache_file"] = str(autotune.tuner(be).cache.path)
+        models[label] = ember.load_onnx(source, backend=be, autotune=tune)
+        row[f"load {label} s"] = time.perf_counter() - t0
+        info = models[label].plan_info(feeds)
+        row[f"{label} report"] = {k.split(".", 1)[1]: v for k, v in info.items() if k.startswith("autotune.")}
+    row["adapter"] = harness.adapter_name(models["tuned"].compute_backend)
+    res = harness.ab(lambda: models["heuristic"].run(feeds), lambda: models["tuned"].run(feeds), args.repeat,
+                     warmup=args.warmup, warm_s=0.5)
+    row["timing"] = res
     return row
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet18_b1")
-    ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--cache-dir", help="the autotune cache directory (default: a new temporary one)")
-    ap.add_argument("--json", help="write the rows here")
+    harness.add_common(ap, repeat=20, warmup=3, backends=False)
     args = ap.parse_args()
-    os.environ["EMBER_CACHE_DIR"] = args.cache_dir or tempfile.mkdtemp(prefix="ember-autotune-")
-    rows = []
-    for name in args.models.split(","):
-        row = bench(name, args.repeat)
-        rows.append(row)
-        tuned, cached = row["tuned_report"], row["cached_report"]
-        print(f"{name} on {row['adapter']}: load {row['load_heuristic_s']:.2f} s heuristic, "
-              f"{row['load_tuned_s']:.2f} s tuning ({tuned['tuned']} shapes, {tuned['timed']} kernels timed, "
-              f"{tuned['seconds']:.2f} s in the tuner), {row['load_cached_s']:.2f} s from the cache "
-              f"({cached['hits']} hits, {cached['timed']} timed); run {row['run_heuristic_ms']:.3f} ms heuristic, "
-              f"{row['run_tuned_ms']:.3f} ms tuned ({row['run_heuristic_ms'] / row['run_tuned_ms']:.2f}x)")
-    print(f"cache: {rows[-1]['cache_file']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    # The environment, not settings.override: it reaches every backend made from here on, old sources too.
+    cache = args.cache_dir or tempfile.mkdtemp(prefix="ember-autotune-")
+    os.environ["EMBER_CACHE_DIR"] = cache
+    report = harness.Report("Autotune: load cost and run time, heuristic tiles against tuned (wgpu)", args,
+                            row_key="model", meta={"cache_dir": cache})
+    for name in graphs.expand(args.models):
+        row = bench(name, args)
+        tuned, cached, res = row["tuned report"], row["cached report"], row["timing"]
+        print(f"{name} on {row['adapter']}: load {row['load heuristic s']:.2f} s heuristic, "
+              f"{row['load tuned s']:.2f} s tuning ({tuned.get('tuned')} shapes, {tuned.get('timed')} kernels timed, "
+              f"{tuned.get('seconds', 0):.2f} s in the tuner), {row['load cached s']:.2f} s from the cache "
+              f"({cached.get('hits')} hits, {cached.get('timed')} timed); run {res.a.median:.3f} ms heuristic, "
+              f"{res.b.median:.3f} ms tuned (tuned / heuristic per pair {harness.fmt(res.ratio)})", flush=True)
+        report.add(name, {"load heuristic s": row["load heuristic s"], "load tuning s": row["load tuned s"],
+                          "load cached s": row["load cached s"], "shapes tuned": tuned.get("tuned"),
+                          "kernels timed": tuned.get("timed"), "cache hits": cached.get("hits"),
+                          "heuristic ms": res.a, "tuned ms": res.b, "tuned / heuristic": res.ratio},
+                   **{k: v for k, v in row.items() if k.endswith("report") or k == "adapter"})
+    print(f"cache: {cache} ({', '.join(sorted(p.name for p in Path(cache).glob('*'))) or 'empty'})")
+    report.finish()
     return 0
 
 

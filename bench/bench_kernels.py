@@ -1,38 +1,54 @@
-"""Kernel benchmark: gemm (square) and conv2d at ResNet-18 layer shapes on every available backend.
+"""Kernel benchmark: the ComputeBackend ops (gemm, conv2d, attention, reduce, unary, binary, copies) on every
+available backend, through ember's public API.
 
-    python bench/bench_kernels.py [--quick] [--json PATH] [--backends wgpu,cpu] [--reps 5] [--gpu-timestamps]
+    python bench/bench_kernels.py [--quick] [--backends wgpu,cpu] [--only gemm,conv,...] [--repeat 5]
+        [--gpu-timestamps] [--variant winograd=0 --variant winograd=4 ...] [--profile] [--target 0.2]
+        [--json PATH] [--md PATH]
 
-Each op is recorded once; a measurement executes the recorded steps `inner` times back to back in one submit
-(on wgpu: one command encoder, one compute pass) and waits for the device, so Python overhead is amortised.
-The figure reported is the median over --reps measurements after a warm-up. The numpy column is numpy's own
-matmul for gemm and the cpu backend (numpy im2col + matmul) for conv. With --gpu-timestamps the wgpu time comes
-from timestamp queries around the pass instead of the host clock (where the adapter has timestamp-query).
+Default timing: the backend's public method (`be.gemm(...)`, `be.conv2d_forward(...)`, ...), called `inner` times
+back to back, then `be.synchronize()`; median of --repeat such samples after a warm-up (on a GPU `inner` fills
+--target seconds and the device is kept busy that long first, so short kernels are not read at idle clocks).
+That includes each call's host cost (recording, bind groups), which is what a caller of the API pays.
+
+--gpu-timestamps (alias --device-time): gemm, conv, attention, reduce, unary and binary instead run as one-node
+ONNX models (graphs.py; conv with constant filter and bias, so Winograd is eligible as in a network) timed by
+Model.gpu_time: GPU timestamps around one run's command buffer on wgpu (min of at least --repeat), the wall
+clock around the recorded steps on cpu. --profile prints each such model's steps (Winograd's transform,
+product and output stages).
+
+--variant KEY=VALUE[,KEY=VALUE] (repeatable) adds one column per backend and variant, the settings scoped with
+ember.settings.override (load options fuse / precision / autotune apply with --gpu-timestamps): winograd=0 / 2
+/ 4 compares the direct conv against Winograd F(2,3) / F(4,3) on either backend, direct_conv=0 the direct
+kernel against implicit GEMM on wgpu, autotune=0 / 1 the tile heuristic against the tuned tiles. A conv
+column's "W" marks a run Winograd took.
+
+Columns: numpy is numpy's own op on the host (matmul, sum, maximum, add, copyto); "torch cuda" is cuBLAS fp32
+(TF32 off) where torch has CUDA. Cells are GFLOP/s (or GB/s) and milliseconds.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
-import statistics
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import graphs  # noqa: E402
+import harness  # noqa: E402
 
 import ember  # noqa: E402
-from ember.backends.base import View  # noqa: E402
 
-F32 = np.dtype(np.float32)
+cuda_torch = harness.cuda_torch  # re-exported: bench_models.py copies of earlier commits import it from here
 
-# ResNet-18 convolutions: (name, C, K, H(=W) in, R(=S), stride, pad)
+# ResNet-18 convolutions (and MobileNetV2's stem): (name, C, K, H(=W) in, R(=S), stride, pad)
 RESNET18 = [
     ("conv1 7x7/2", 3, 64, 224, 7, 2, 3),
+    ("mbv2 stem 3x3/2", 3, 32, 224, 3, 2, 1),
     ("layer1 3x3 64", 64, 64, 56, 3, 1, 1),
     ("layer2 3x3/2 64->128", 64, 128, 56, 3, 2, 1),
     ("layer2 3x3 128", 128, 128, 28, 3, 1, 1),
@@ -44,213 +60,258 @@ RESNET18 = [
     ("layer4 3x3 512", 512, 512, 7, 3, 1, 1),
     ("layer4 down 1x1/2", 256, 512, 14, 1, 2, 0),
 ]
+OPS = ("gemm", "conv", "attention", "reduce", "unary", "binary", "copy")
 
 
-def cuda_torch() -> Any:
-    """torch where it has CUDA, with TF32 off (fp32 everywhere, as ember computes), else None: the PyTorch
-    columns of the benchmarks."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    return torch
+class Buffers:
+    """Device allocations of one measurement, freed together."""
+
+    def __init__(self, be: ember.ComputeBackend) -> None:
+        self.be, self.handles = be, []
+
+    def put(self, a: np.ndarray) -> int:
+        a = np.ascontiguousarray(a, np.float32)
+        h = self.alloc(a.nbytes)
+        self.be.copy_htod(h, a)
+        return h
+
+    def alloc(self, nbytes: int) -> int:
+        h = self.be.alloc(max(nbytes, 4))
+        self.handles.append(h)
+        return h
+
+    def __enter__(self) -> Buffers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.handles:
+            self.be.free(h)
 
 
-def upload(be: ember.ComputeBackend, a: np.ndarray) -> int:
-    a = np.ascontiguousarray(a, np.float32)
-    h = be.alloc(max(a.nbytes, 4))
-    be.copy_htod(h, a)
-    return h
+class Bench:
+    def __init__(self, args: argparse.Namespace, backends: dict[str, ember.ComputeBackend]) -> None:
+        self.args, self.backends = args, backends
+        self.variants = [harness.Arm("")] + [harness.Arm.parse(v, [v]) for v in args.variant]
+        self.report = harness.Report(f"Kernels ({'quick' if args.quick else 'full'}; "
+                                     f"{'device time' if args.gpu_timestamps else 'API calls, wall clock'})",
+                                     args, row_key="op / shape", lead=("unit", "numpy", "torch cuda"),
+                                     meta={"adapters": {k: harness.adapter_name(b) for k, b in backends.items()},
+                                           "numpy": np.__version__})
+        self.rng = np.random.default_rng(0)
 
+    # ---- one row ---------------------------------------------------------------------------------------------
+    def row(self, op: str, label: str, work: float, unit: str, api: Callable[[ember.ComputeBackend], Any] | None,
+            case: graphs.Case | None, host: Callable[[], Any] | None = None,
+            torch: Callable[[], Any] | None = None) -> None:
+        """Time one (op, shape) everywhere: `work` flops (unit GFLOP/s) or bytes (GB/s); `api(be)` sets up
+        buffers and returns (call, check) for the API path; `case` is the one-node graph for device time."""
+        name = f"{op} {label}"
+        records: list[dict[str, Any]] = []
 
-class Timer:
-    """Times `steps` repeated `inner` times per measurement on one backend."""
+        def put(column: str, ms: float, **extra: Any) -> None:
+            rate = work / (ms * 1e-3) / 1e9
+            mark = " W" if extra.get("winograd") else ""
+            self.report.set(name, column, f"{rate:.1f} ({ms:.3f} ms){mark}")
+            records.append({"column": column, "ms": ms, unit: rate, **extra})
+            print(f"  {name:44s} {column:22s} {ms:10.4f} ms {rate:9.1f} {unit}", flush=True)
 
-    def __init__(self, be: ember.ComputeBackend, steps: list, gpu_timestamps: bool) -> None:
-        self.be, self.steps = be, steps
-        self.ts = None
-        if gpu_timestamps and be.name == "wgpu" and "timestamp-query" in be.features:
-            self.ts = _Timestamps(be)
+        self.report.set(name, "unit", unit)
+        if host is not None:
+            put("numpy", harness.measure(host, self.args.repeat, 3).median)
+        if torch is not None:
+            t = cuda_torch()
+            put("torch cuda", harness.measure(torch, self.args.repeat, 3, inner=20, sync=t.cuda.synchronize).median)
+        for be_name, be in self.backends.items():
+            for arm in self.variants:
+                column = f"{be_name} [{arm.label}]" if arm.label else be_name
+                try:
+                    if self.args.gpu_timestamps and case is not None:
+                        ms, extra = self.device_time(be, case, arm, name)
+                    elif api is not None:
+                        ms, extra = self.api_time(be, api, arm)
+                    else:
+                        continue
+                except Exception as e:  # a shape or variant this backend rejects: say so, go on
+                    self.report.set(name, column, f"failed: {type(e).__name__}")
+                    print(f"  {name:44s} {column:22s} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
+                    continue
+                put(column, ms, **extra)
+        self.report.row(name, records=records)
+        self.report.save()
 
-    def once(self, inner: int) -> float:
-        if self.ts is not None:
-            return self.ts.run(self.steps * inner)
-        t0 = time.perf_counter()
-        self.be.execute(self.steps * inner)
-        self.be.synchronize()
-        return time.perf_counter() - t0
+    def api_time(self, be: ember.ComputeBackend, api: Callable[[ember.ComputeBackend], Any],
+                 arm: harness.Arm) -> tuple[float, dict[str, Any]]:
+        gpu = be.name != "cpu"
+        target = self.args.target if gpu else 0.0
+        with Buffers(be) as bufs, arm.scope():
+            call, check = api(bufs)
+            call()  # pipelines, first touch, autotune
+            be.synchronize()
+            inner = harness.inner_for(call, target, be.synchronize) if gpu else 1
+            st = harness.measure(call, self.args.repeat, self.args.warmup, inner=inner, sync=be.synchronize,
+                                 warm_s=target)
+            extra: dict[str, Any] = {"inner": inner, "p10_ms": st.p10, "p90_ms": st.p90}
+            if check is not None:
+                extra["rel_err"] = check()
+        return st.median, extra
 
-    def measure(self, reps: int, target_s: float) -> tuple[float, int]:
-        self.once(1)  # warm-up: pipeline creation, first touch
-        t1 = self.once(1)
-        inner = 1 if self.be.name == "cpu" else max(1, min(500, math.ceil(target_s / max(t1, 1e-6))))
-        # Keep the device busy for a while before timing, so clocks that dropped while the host prepared the
-        # inputs are back up (short kernels measured straight after an idle gap read 2-4x slow on an H200).
-        end = time.perf_counter() + target_s
-        while time.perf_counter() < end:
-            self.once(inner)
-        times = [self.once(inner) / inner for _ in range(reps)]
-        return statistics.median(times), inner
+    def device_time(self, be: ember.ComputeBackend, case: graphs.Case, arm: harness.Arm,
+                    name: str) -> tuple[float, dict[str, Any]]:
+        proto, feeds = graphs.build(case)
+        with arm.scope():
+            model = ember.load_onnx(proto, backend=be, **arm.load)
+            model.run(feeds)
+            ms = model.gpu_time(feeds, self.args.repeat)
+            extra: dict[str, Any] = {"steps": model.plan_info(feeds)["steps"],
+                                     "winograd": bool(model.stats().get("conv.winograd"))}
+            if self.args.profile:
+                for label, t in model.profile(feeds):
+                    print(f"      {t:9.4f} ms  {label}")
+        return ms, extra
 
-
-class _Timestamps:
-    """GPU time of one compute pass holding every dispatch, from timestamp queries at its start and end."""
-
-    def __init__(self, be: Any) -> None:
-        import wgpu
-
-        self.be, self.wgpu = be, wgpu
-        self.qs = be.device.create_query_set(type="timestamp", count=2)
-        usage = wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
-        self.resolve = be.device.create_buffer(size=16, usage=usage)
-        from wgpu.backends.wgpu_native import _api
-
-        self.period = _api.libf.wgpuQueueGetTimestampPeriod(be.queue._internal)
-
-    def run(self, steps: list) -> float:
-        be = self.be
-        enc = be.device.create_command_encoder()
-        cpass = enc.begin_compute_pass(timestamp_writes={"query_set": self.qs, "beginning_of_pass_write_index": 0,
-                                                         "end_of_pass_write_index": 1})
-        current = None
-        for st in steps:
-            if st.pipeline is not current:
-                cpass.set_pipeline(st.pipeline)
-                current = st.pipeline
-            cpass.set_bind_group(0, st.bind_group)
-            cpass.dispatch_workgroups(*st.grid)
-        cpass.end()
-        enc.resolve_query_set(self.qs, 0, 2, self.resolve, 0)
-        be.queue.submit([enc.finish()])
-        t0, t1 = np.frombuffer(be.queue.read_buffer(self.resolve), np.uint64)
-        return float(t1 - t0) * self.period * 1e-9
-
-
-def bench_gemm(be: ember.ComputeBackend, n: int, reps: int, target: float, ts: bool) -> dict:
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), np.float32)
-    b = rng.standard_normal((n, n), np.float32)
-    ha, hb, hc = upload(be, a), upload(be, b), be.alloc(n * n * 4)
-    try:
-        steps = be.record_gemm(False, False, n, n, n, 1.0, ha, n, hb, n, 0.0, hc, n)
-        t, inner = Timer(be, steps, ts).measure(reps, target)
+    # ---- the ops -------------------------------------------------------------------------------------------------
+    def gemm(self, n: int) -> None:
+        a = self.rng.standard_normal((n, n), np.float32)
+        b = self.rng.standard_normal((n, n), np.float32)
         c = np.empty((n, n), np.float32)
-        be.copy_dtoh(c, hc)
-        check = rng.integers(0, n, 8)
-        ref = a[check].astype(np.float64) @ b.astype(np.float64)
-        err = float(np.abs(c[check] - ref).max() / np.abs(ref).max())
-    finally:
-        for h in (ha, hb, hc):
-            be.free(h)
-    return {"seconds": t, "inner": inner, "rel_err": err}
+        rows = self.rng.integers(0, n, 8)
+        ref = a[rows].astype(np.float64) @ b.astype(np.float64)
 
+        def api(bufs: Buffers) -> tuple[Callable[[], None], Callable[[], float]]:
+            ha, hb, hc = bufs.put(a), bufs.put(b), bufs.alloc(n * n * 4)
 
-def bench_numpy_gemm(n: int, reps: int) -> dict:
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), np.float32)
-    b = rng.standard_normal((n, n), np.float32)
-    c = np.empty((n, n), np.float32)
-    np.matmul(a, b, out=c)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        np.matmul(a, b, out=c)
-        times.append(time.perf_counter() - t0)
-    return {"seconds": statistics.median(times), "inner": 1}
+            def check() -> float:
+                out = np.empty((n, n), np.float32)
+                bufs.be.copy_dtoh(out, hc)
+                return float(np.abs(out[rows] - ref).max() / np.abs(ref).max())
 
+            return lambda: bufs.be.gemm(False, False, n, n, n, 1.0, ha, n, hb, n, 0.0, hc, n), check
 
-def bench_conv(be: ember.ComputeBackend, shape: tuple, reps: int, target: float, ts: bool) -> dict:
-    n, c, k, h, r, s, pad = shape
-    p = (h + 2 * pad - r) // s + 1
-    rng = np.random.default_rng(0)
-    hx = upload(be, rng.standard_normal((n, c, h, h), np.float32))
-    hw = upload(be, rng.standard_normal((k, c, r, r), np.float32) / math.sqrt(c * r * r))
-    hb = upload(be, rng.standard_normal(k, np.float32))
-    ho = be.alloc(n * k * p * p * 4)
-    try:
-        steps = be.record_conv(View.contiguous(hx, F32, (n, c, h, h)), View.contiguous(hw, F32, (k, c, r, r)),
-                               View.contiguous(hb, F32, (k,)), View.contiguous(ho, F32, (n, k, p, p)),
-                               (s, s), (pad, pad, pad, pad), (1, 1), 1)
-        t, inner = Timer(be, steps, ts).measure(reps, target)
-    finally:
-        for hh in (hx, hw, hb, ho):
-            be.free(hh)
-    return {"seconds": t, "inner": inner}
+        torch = cuda_torch()
+        tmm = None
+        if torch is not None:
+            ta, tb = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
+            tmm = lambda: ta @ tb  # noqa: E731
+        self.row("gemm", f"{n}x{n}x{n}", 2.0 * n**3, "GFLOP/s", api, graphs.matmul_graph(n, n, n),
+                 host=lambda: np.matmul(a, b, out=c), torch=tmm)
+
+    def conv(self, label: str, n: int, c: int, k: int, h: int, r: int, s: int, pad: int) -> None:
+        p = (h + 2 * pad - r) // s + 1
+        x = self.rng.standard_normal((n, c, h, h), np.float32)
+        w = (self.rng.standard_normal((k, c, r, r)) / math.sqrt(c * r * r)).astype(np.float32)
+
+        def api(bufs: Buffers) -> tuple[Callable[[], None], None]:
+            hx, hw, ho = bufs.put(x), bufs.put(w), bufs.alloc(n * k * p * p * 4)
+            return (lambda: bufs.be.conv2d_forward(hx, (n, c, h, h), hw, (k, c, r, r), ho, (n, k, p, p), (s, s),
+                                                   (pad, pad))), None
+
+        self.row("conv", f"{label} {c}x{h}x{h}->{k}x{p}x{p}", 2.0 * n * k * p * p * c * r * r, "GFLOP/s", api,
+                 graphs.conv_graph(n, c, h, k, r, s, pad))
+
+    def attention(self, b: int, h: int, s: int, d: int) -> None:
+        q, kk, v = (self.rng.standard_normal((b, h, s, d), np.float32) for _ in range(3))
+
+        def api(bufs: Buffers) -> tuple[Callable[[], None], None]:
+            hq, hk, hv, ho = bufs.put(q), bufs.put(kk), bufs.put(v), bufs.alloc(q.nbytes)
+            return lambda: bufs.be.attention(hq, hk, hv, ho, b, h, s, s, d, d**-0.5), None
+
+        self.row("attention", f"{b}x{h}x{s}x{d}", 4.0 * b * h * s * s * d, "GFLOP/s", api,
+                 graphs.attention_graph(b, h, s, d))
+
+    def reduce(self, rows: int, n: int) -> None:
+        x = self.rng.standard_normal((rows, n), np.float32)
+        out = np.empty(rows, np.float32)
+
+        def api(bufs: Buffers) -> tuple[Callable[[], None], None]:
+            hx, ho = bufs.put(x), bufs.alloc(rows * 4)
+            return lambda: bufs.be.reduce(ember.ReduceOp.SUM, hx, ho, (rows, n), 1), None
+
+        self.row("reduce", f"sum {rows}x{n}", 4.0 * rows * (n + 1), "GB/s", api, graphs.reduce_graph(rows, n),
+                 host=lambda: np.sum(x, axis=1, out=out))
+
+    def elementwise(self, n: int) -> None:
+        x, y = (self.rng.standard_normal(n, np.float32) for _ in range(2))
+        out = np.empty(n, np.float32)
+
+        def unary(bufs: Buffers) -> tuple[Callable[[], None], None]:
+            hx, ho = bufs.put(x), bufs.alloc(n * 4)
+            return lambda: bufs.be.unary(ember.UnaryOp.RELU, hx, ho, n), None
+
+        def binary(bufs: Buffers) -> tuple[Callable[[], None], None]:
+            ha, hb, ho = bufs.put(x), bufs.put(y), bufs.alloc(n * 4)
+            return lambda: bufs.be.binary(ember.BinaryOp.ADD, ha, hb, ho, n), None
+
+        only = self.args.only
+        if "unary" in only:
+            self.row("unary", f"relu {n}", 8.0 * n, "GB/s", unary, graphs.unary_graph(n),
+                     host=lambda: np.maximum(x, 0, out=out))
+        if "binary" in only:
+            self.row("binary", f"add {n}", 12.0 * n, "GB/s", binary, graphs.binary_graph(n),
+                     host=lambda: np.add(x, y, out=out))
+
+    def copies(self, mb: float) -> None:
+        n = int(mb * 1e6) // 4
+        src = self.rng.standard_normal(n, np.float32)
+        dst = np.empty_like(src)
+
+        def htod(bufs: Buffers) -> tuple[Callable[[], None], None]:
+            h = bufs.alloc(n * 4)
+            return lambda: bufs.be.copy_htod(h, src), None
+
+        def dtoh(bufs: Buffers) -> tuple[Callable[[], None], None]:
+            h = bufs.put(src)
+            return lambda: bufs.be.copy_dtoh(dst, h), None
+
+        self.row("copy_htod", f"{mb:g} MB", 4.0 * n, "GB/s", htod, None, host=lambda: np.copyto(dst, src))
+        self.row("copy_dtoh", f"{mb:g} MB", 4.0 * n, "GB/s", dtoh, None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (a CPU Vulkan driver finishes in seconds)")
-    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    ap.add_argument("--backends", default=",".join(ember.available_backends()))
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--target", type=float, default=None, help="seconds per measurement on the GPU (sets inner)")
-    ap.add_argument("--gpu-timestamps", action="store_true", help="wgpu: time the pass with timestamp queries")
-    ap.add_argument("--only", choices=["gemm", "conv"], help="run one part")
+    harness.add_common(ap, repeat=5, warmup=1)
+    ap.add_argument("--reps", dest="repeat", type=int, help=argparse.SUPPRESS)  # the earlier name of --repeat
+    ap.add_argument("--target", type=float, default=None, help="seconds per sample on a GPU (sets inner)")
+    ap.add_argument("--gpu-timestamps", "--device-time", dest="gpu_timestamps", action="store_true",
+                    help="one-node models timed by Model.gpu_time instead of wall-clock API calls")
+    ap.add_argument("--only", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
+    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,...]",
+                    help="also time under these settings (repeatable: one column each)")
+    ap.add_argument("--profile", action="store_true", help="with --gpu-timestamps: print each model's steps")
     args = ap.parse_args(argv)
-    target = args.target if args.target is not None else (0.02 if args.quick else 0.2)
-    reps = max(1, args.reps if not args.quick else min(args.reps, 3))
-
-    backends = {}
-    for name in [b.strip() for b in args.backends.split(",") if b.strip()]:
-        backends[name] = ember.backend(name)
-    gemm_sizes = [128, 256] if args.quick else [1024, 2048, 4096]
-    conv_shapes = []
-    for batch in ([1] if args.quick else [1, 8]):
-        for name, c, k, h, r, s, pad in RESNET18:
-            if args.quick:  # a quarter of the channels and of the spatial size
-                c, k, h = max(3, c // 4) if c > 3 else c, k // 4, max(4, h // 4)
-            conv_shapes.append((f"{name} b{batch}", (batch, c, k, h, r, s, pad)))
-
-    results: list[dict] = []
-
-    def emit(op: str, label: str, flops: float, backend: str, res: dict) -> None:
-        rec = {"op": op, "shape": label, "backend": backend, "ms": res["seconds"] * 1e3,
-               "gflops": flops / res["seconds"] / 1e9, "inner": res["inner"]}
-        if "rel_err" in res:
-            rec["rel_err"] = res["rel_err"]
-        results.append(rec)
-        print(f"  {op:5s} {label:32s} {backend:6s} {rec['ms']:10.3f} ms {rec['gflops']:9.1f} GFLOP/s", flush=True)
-
-    if args.only in (None, "gemm"):
-        for n in gemm_sizes:
-            flops = 2.0 * n**3
-            emit("gemm", f"{n}x{n}x{n}", flops, "numpy", bench_numpy_gemm(n, reps))
-            for name, be in backends.items():
-                emit("gemm", f"{n}x{n}x{n}", flops, name, bench_gemm(be, n, reps, target, args.gpu_timestamps))
-    if args.only in (None, "conv"):
-        for label, shp in conv_shapes:
-            n, c, k, h, r, s, pad = shp
-            p = (h + 2 * pad - r) // s + 1
-            flops = 2.0 * n * k * p * p * c * r * r
-            desc = f"{label} {c}x{h}x{h}->{k}x{p}x{p}"
-            for name, be in backends.items():
-                emit("conv", desc, flops, "numpy" if name == "cpu" else name,
-                     bench_conv(be, shp, reps, target, args.gpu_timestamps))
-
-    # markdown table: one row per (op, shape), GFLOP/s (ms) per backend
-    cols = sorted(dict.fromkeys(r["backend"] for r in results), key=lambda c: (c != "numpy", c == "cpu"))
-    rows: dict[tuple[str, str], dict[str, dict]] = {}
-    for r in results:
-        rows.setdefault((r["op"], r["shape"]), {})[r["backend"]] = r
-    adapter = backends["wgpu"].adapter_name if "wgpu" in backends else "-"
-    print(f"\n### Kernel benchmark ({'quick' if args.quick else 'full'}; wgpu adapter: {adapter}; "
-          f"median of {reps}{', GPU timestamps' if args.gpu_timestamps else ''})\n")
-    print("| op | shape | " + " | ".join(f"{c} GFLOP/s (ms)" for c in cols) + " |")
-    print("|---|---|" + "---|" * len(cols))
-    for (op, shape), by in rows.items():
-        cells = [f"{by[c]['gflops']:.1f} ({by[c]['ms']:.3f})" if c in by else "-" for c in cols]
-        print(f"| {op} | {shape} | " + " | ".join(cells) + " |")
-    if args.json:
-        meta = {"quick": args.quick, "reps": reps, "adapter": adapter, "python": platform.python_version(),
-                "numpy": np.__version__, "machine": platform.machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "gpu_timestamps": args.gpu_timestamps}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    args.only = [o.strip() for o in args.only.split(",") if o.strip()]
+    unknown = sorted(set(args.only) - set(OPS))
+    if unknown:
+        raise SystemExit(f"--only: unknown {unknown}; known: {', '.join(OPS)}")
+    if args.target is None:
+        args.target = 0.02 if args.quick else 0.2
+    if args.quick:
+        args.repeat = min(args.repeat, 3)
+    names = harness.backend_list(args.backends, ember.available_backends())
+    bench = Bench(args, {name: ember.backend(name) for name in names})
+    q = args.quick
+    if "gemm" in args.only:
+        for n in [128, 256] if q else [1024, 2048, 4096]:
+            bench.gemm(n)
+    if "conv" in args.only:
+        for batch in [1] if q else [1, 8]:
+            for label, c, k, h, r, s, pad in RESNET18:
+                if q:  # a quarter of the channels and of the spatial size
+                    c, k, h = max(3, c // 4) if c > 3 else c, k // 4, max(4, h // 4)
+                bench.conv(f"{label} b{batch}", batch, c, k, h, r, s, pad)
+    if "attention" in args.only:
+        for shape in [(1, 2, 64, 32)] if q else [(8, 12, 128, 64), (1, 12, 1024, 64), (4, 16, 512, 128)]:
+            bench.attention(*shape)
+    if "reduce" in args.only:
+        for shape in [(256, 1024)] if q else [(4096, 4096), (8192, 768)]:
+            bench.reduce(*shape)
+    if "unary" in args.only or "binary" in args.only:
+        for n in [1 << 16] if q else [1 << 24]:
+            bench.elementwise(n)
+    if "copy" in args.only:
+        for mb in [1.0] if q else [4.8, 64.0]:  # 4.8 MB: ResNet-18 batch 8's input
+            bench.copies(mb)
+    bench.report.finish()
     return 0
 
 

@@ -2,10 +2,13 @@
 
     python bench/bench_models.py [--models resnet18_b1,...] [--repeat 30] [--json out.json] [--md out.md]
         [--peers]   # also ONNX Runtime's WebGPU provider (installed by ../shared/tools/gpu-prep --peers)
+        [--no-cpu] [--no-compile] [--f16] [--warmup 3] [--backends wgpu,cpu]
 
 Each engine: warm-up, then the median (and p10/p90) of `repeat` timed runs, host arrays in and out (PyTorch
 CUDA times include the copies to and from the GPU, as ember's do). Speed numbers are ratios taken in one
-run on one machine; BENCHMARKS.md records them with date, hardware and command.
+run on one machine; BENCHMARKS.md records them with date, hardware and command. The command line, model set
+and columns are those of every earlier commit (runs of old and new copies are compared); timing goes through
+bench/harness.py, and only ember's public API is used, so it runs against older sources too.
 """
 
 from __future__ import annotations
@@ -13,25 +16,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(Path(__file__).parent))
-
-from bench_kernels import cuda_torch  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness, also when imported as bench.bench_models
+import harness  # noqa: E402  (puts this checkout's src and tests on sys.path)
 
 import ember  # noqa: E402
+
+ROOT = harness.ROOT
+cuda_torch = harness.cuda_torch  # re-exported: older scripts import it from here
 
 # ---- models ---------------------------------------------------------------------------------------------
 
@@ -134,45 +133,10 @@ def workloads() -> dict[str, Callable[[], tuple[Path, dict[str, np.ndarray], Any
 # ---- engines --------------------------------------------------------------------------------------------
 
 
-def timeit(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> dict[str, float]:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t) * 1e3)
-    ts.sort()
-    return {"median_ms": statistics.median(ts), "p10_ms": ts[len(ts) // 10], "p90_ms": ts[(9 * len(ts)) // 10]}
-
-
 def ember_engine(path: Path, feeds: dict, backend: str, fuse: bool = True,
                  precision: str = "f32") -> tuple[Callable, Any]:
     model = ember.load_onnx(path, backend=backend, fuse=fuse, precision=precision)
     return (lambda: model.run(feeds)), model
-
-
-def host_us_per_step(model: Any, reps: int = 50) -> float:
-    """Host time to encode one recorded step into a command buffer (what a replay costs per node on the CPU):
-    the prepared replay a plan runs, median after a warm-up. Each buffer is submitted and waited for outside
-    the timing, as in a run (wgpu-core recycles the encoders of completed submissions; dropping unsubmitted
-    ones costs ~45 µs each)."""
-    from wgpu.backends.wgpu_native import _api
-
-    be = model.compute_backend
-    plan = next(iter(model._plans.values()))
-    replay = be.prepare(plan.steps)
-    ts = []
-    for i in range(reps + 3):
-        t = time.perf_counter()
-        cb = be.encode_prepared(replay)
-        dt = time.perf_counter() - t
-        _api.lib.wgpuQueueSubmit(be.queue._internal, 1, _api.ffi.new("WGPUCommandBuffer[1]", [cb]))
-        _api.lib.wgpuCommandBufferRelease(cb)
-        be.synchronize()
-        if i >= 3:
-            ts.append(dt)
-    return round(statistics.median(ts) / max(len(plan.steps), 1) * 1e6, 2)
 
 
 def ort_engine(path: Path, feeds: dict) -> Callable:
@@ -211,30 +175,27 @@ def torch_engines(module: Any, feeds: dict, compile: bool = True) -> dict[str, C
     return out
 
 
+# The peer runs in its own process and times with the same harness (its directory goes on PYTHONPATH).
 PEER_SCRIPT = """
-import json, sys, time, statistics, numpy as np, onnxruntime as ort
-path, feeds_path, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
+import json, sys, numpy as np, onnxruntime as ort, harness
+path, feeds_path, repeat, warmup = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 feeds = dict(np.load(feeds_path))
 so = ort.SessionOptions(); so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
 s = ort.InferenceSession(path, so, providers=["WebGpuExecutionProvider"])
-for _ in range(3): s.run(None, feeds)
-ts = []
-for _ in range(repeat):
-    t = time.perf_counter(); s.run(None, feeds); ts.append((time.perf_counter() - t) * 1e3)
-ts.sort()
-print(json.dumps({"median_ms": statistics.median(ts), "p10_ms": ts[len(ts)//10], "p90_ms": ts[9*len(ts)//10]}))
+stats = harness.measure(lambda: s.run(None, feeds), repeat, warmup)
+print(json.dumps({k: v for k, v in stats.as_dict().items() if k.endswith("_ms")}))
 """
 
 
-def peer_webgpu(path: Path, feeds: dict, repeat: int) -> dict | str:
+def peer_webgpu(path: Path, feeds: dict, repeat: int, warmup: int = 3) -> dict | str:
     """ONNX Runtime's WebGPU provider, in a subprocess (its module name would shadow the CPU build)."""
     if not os.path.isdir("/tmp/peers"):
         return "not installed"
     fp = ROOT / ".cache" / "peer_feeds.npz"
     np.savez(fp, **feeds)
-    env = dict(os.environ, PYTHONPATH="/tmp/peers:" + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", PEER_SCRIPT, str(path), str(fp), str(repeat)], capture_output=True,
-                       text=True, env=env, timeout=300)
+    env = dict(os.environ, PYTHONPATH=f"/tmp/peers:{harness.BENCH}:" + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", PEER_SCRIPT, str(path), str(fp), str(repeat), str(warmup)],
+                       capture_output=True, text=True, env=env, timeout=300)
     if r.returncode:
         return "failed: " + (r.stderr.strip().splitlines() or ["?"])[-1][:160]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -246,25 +207,22 @@ def peer_webgpu(path: Path, feeds: dict, repeat: int) -> dict | str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet18_b1,resnet18_b8,mobilenetv2_b1,bert4x768_s128,chain200")
-    ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--md", type=Path)
+    harness.add_common(ap, repeat=30, warmup=3)
     ap.add_argument("--peers", action="store_true", help="also ONNX Runtime's WebGPU provider")
     ap.add_argument("--no-cpu", action="store_true", help="skip the ember cpu backend (slow on big models)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (its compile takes a while)")
     ap.add_argument("--f16", action="store_true", help="also ember wgpu with precision='f16'")
     args = ap.parse_args()
-    backends = ember.available_backends()
+    backends = harness.backend_list(args.backends, ember.available_backends())
     wl = workloads()
-    results: list[dict] = []
-    meta = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "python": platform.python_version(),
-            "command": " ".join(sys.argv), "backends": backends}
+    report = harness.Report("Models: ember, ONNX Runtime and PyTorch, median ms per run (host arrays in and out)",
+                            args, row_key="model", cells_key="engines", digits=2, meta={"backends": backends})
     for name in args.models.split(","):
         try:
             path, feeds, module = wl[name]()
         except Exception as e:  # an exporter missing on this machine: report it, go on with the others
             print(f"== {name}: could not build: {type(e).__name__}: {e}")
-            results.append({"model": name, "engines": {}, "info": {"error": str(e)}})
+            report.add(name, {}, info={"error": str(e)})
             continue
         print(f"== {name}  ({path.name})", flush=True)
         ref = None
@@ -282,14 +240,11 @@ def main() -> int:
             engines.append((f"ember {b}", fn))
             info[b] = model.plan_info()
             if b == "wgpu":
-                info["wgpu_adapter"] = model.compute_backend.adapter_name
+                info["wgpu_adapter"] = harness.adapter_name(model.compute_backend)
                 if name == "chain200":
                     fn2, m2 = ember_engine(path, feeds, b, fuse=False)
                     engines.append(("ember wgpu, fusion off", fn2))
                     info["wgpu_unfused_steps"] = m2.plan_info()["steps"]
-                info["wgpu_host_us_per_step"] = host_us_per_step(model)
-                if name == "chain200":
-                    info["wgpu_unfused_host_us_per_step"] = host_us_per_step(m2)
                 try:
                     info["wgpu_profile_top"] = [(lbl, round(ms, 4)) for lbl, ms in model.profile(feeds, top=8)]
                     info["wgpu_gpu_ms_run"] = round(model.gpu_time(feeds), 4)
@@ -305,53 +260,32 @@ def main() -> int:
                         info["wgpu_f16"] = f"failed: {type(e).__name__}: {e}"
         engines.append(("onnxruntime cpu", ort_engine(path, feeds)))
         engines += [(k, v) for k, v in torch_engines(module, feeds, not args.no_compile).items()]
-        row = {"model": name, "engines": {}, "info": info}
+        cells: dict[str, Any] = {}
+        outs: dict[str, np.ndarray] = {}
         for label, fn in engines:
             try:
                 out = fn()
             except Exception as e:
-                row["engines"][label] = f"failed: {type(e).__name__}: {str(e)[:100]}"
+                cells[label] = f"failed: {type(e).__name__}: {str(e)[:100]}"
                 print(f"  {label}: failed: {e}")
                 continue
             out0 = out[0] if isinstance(out, list) else next(iter(out.values())) if isinstance(out, dict) else out
-            out0 = np.asarray(out0.numpy() if hasattr(out0, "numpy") else out0)
+            outs[label] = np.asarray(out0.numpy() if hasattr(out0, "numpy") else out0)
             if ref is None and label == "onnxruntime cpu":
-                ref = out0
-            t = timeit(fn, args.repeat)
-            row["engines"][label] = t
-            print(f"  {label:28} {t['median_ms']:9.3f} ms  (p10 {t['p10_ms']:.3f}, p90 {t['p90_ms']:.3f})", flush=True)
-            row["engines"][label]["_out"] = out0
-        for t in row["engines"].values():
-            if not isinstance(t, dict):
-                continue
-            out0 = t.pop("_out")
-            if ref is not None and out0.shape == ref.shape:
-                t["max_rel_err_vs_ort"] = float(np.abs(out0 - ref).max() / (np.abs(ref).max() + 1e-30))
+                ref = outs[label]
+            # Warm-up, then `repeat` timed runs: median and the p10 / p90 of the sorted times (harness.percentile).
+            t = harness.measure(fn, args.repeat, args.warmup)
+            cells[label] = {k: v for k, v in t.as_dict().items() if k.endswith("_ms")}
+            print(f"  {label:28} {t.median:9.3f} ms  (p10 {t.p10:.3f}, p90 {t.p90:.3f})", flush=True)
+        for label, t in cells.items():
+            if isinstance(t, dict) and ref is not None and outs[label].shape == ref.shape:
+                t["max_rel_err_vs_ort"] = float(np.abs(outs[label] - ref).max() / (np.abs(ref).max() + 1e-30))
         if args.peers:
-            row["engines"]["onnxruntime webgpu (peer)"] = peer_webgpu(path, feeds, args.repeat)
-            print(f"  onnxruntime webgpu: {row['engines']['onnxruntime webgpu (peer)']}")
-        results.append(row)
-        if args.json:  # after every model, so a run cut short still leaves its results
-            args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
-    table = markdown(results)
-    print(table)
-    if args.md:
-        args.md.write_text(table)
+            cells["onnxruntime webgpu (peer)"] = peer_webgpu(path, feeds, args.repeat, args.warmup)
+            print(f"  onnxruntime webgpu: {cells['onnxruntime webgpu (peer)']}")
+        report.add(name, cells, info=info)  # the JSON is rewritten after every model: a cut-short run keeps its rows
+    report.finish()
     return 0
-
-
-def markdown(results: list[dict]) -> str:
-    labels: list[str] = []
-    for r in results:
-        labels += [k for k in r["engines"] if k not in labels]
-    lines = ["| model | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
-    for r in results:
-        cells = []
-        for k in labels:
-            v = r["engines"].get(k)
-            cells.append(f"{v['median_ms']:.2f} ms" if isinstance(v, dict) else (v or "–"))
-        lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
