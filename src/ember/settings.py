@@ -136,7 +136,7 @@ WGPU_PY_ENCODE = _declare("wgpu_py_encode", "EMBER_WGPU_PY_ENCODE", _flag, False
 NATIVE_GEMM = _declare("native_gemm", "EMBER_NATIVE_GEMM", _flag, True, "bool",
                        "cpu: use the compiled GEMM/conv kernels where built (read when they are first loaded).")
 CPU_THREADS = _declare("cpu_threads", "EMBER_CPU_THREADS", _count, None, "count",
-                       "cpu: threads of the backend's pool (read when it is made); unset: the cores, at most 8.")
+                       "cpu: threads of the backend's pool (read when it is made); unset: the cores, at most 4.")
 
 
 def cache_dir() -> Path:

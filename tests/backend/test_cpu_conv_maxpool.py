@@ -11,7 +11,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import ember
-from ember.backends.cpu import backend, parallel
+from ember.backends.cpu import parallel
 
 from .test_conv2d import conv_ref
 
@@ -21,7 +21,7 @@ _POOL = parallel.Pool(1)  # the caller and one worker: the bands split even wher
 @pytest.fixture(autouse=True)
 def two_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parallel, "pool", lambda: _POOL)
-    monkeypatch.setattr(backend, "_SPLIT_MACS", 0)  # every conv here splits into bands
+    monkeypatch.setattr(parallel, "SPLIT_MACS", 0)  # every conv here splits into bands
 
 
 def pool_ref(x: np.ndarray, kernel, stride, pads, dilation=(1, 1), ceil: bool = False) -> np.ndarray:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from ember.backends.base import View
-from ember.backends.cpu import CpuBackend, backend, native, parallel
+from ember.backends.cpu import CpuBackend, native, parallel
+from ember.backends.cpu import conv as cpu_conv
 from ember.core.expr import call, inp
 
 from .helpers import download, poisoned, rel_err, upload
@@ -21,7 +22,7 @@ _POOL = parallel.Pool(1)  # the caller and one worker: the convs split even wher
 @pytest.fixture(autouse=True)
 def two_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parallel, "pool", lambda: _POOL)
-    monkeypatch.setattr(backend, "_SPLIT_MACS", 0)
+    monkeypatch.setattr(parallel, "SPLIT_MACS", 0)
 
 
 @pytest.fixture
@@ -91,7 +92,7 @@ def test_two_window_convs(monkeypatch: pytest.MonkeyPatch, regions: list[list[in
     compiled direct conv (no scratch) one region of four tasks."""
     if direct and not native.available():
         pytest.skip("the compiled kernels are not built here, or this CPU lacks AVX-512F")
-    monkeypatch.setattr(backend, "DIRECT_NATIVE", direct)
+    monkeypatch.setattr(cpu_conv, "DIRECT_NATIVE", direct)
     be = CpuBackend().init()
     xshape = (1, 16, 20, 20)
     x = rng.standard_normal(xshape).astype(np.float32)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from ember.backends.base import View
-from ember.backends.cpu import CpuBackend, backend, native, parallel
+from ember.backends.cpu import CpuBackend, native, parallel
+from ember.backends.cpu import conv as cpu_conv
 from ember.core.expr import call, const, inp
 
 from . import test_cpu_conv_maxpool as stem
@@ -86,13 +87,13 @@ def test_weight_heavy_convs_on_every_path(monkeypatch: pytest.MonkeyPatch, rng: 
                                           path: str) -> None:
     """Convs with more output channels than positions: split by output channels through the compiled direct conv
     (the default where it is available); split by input channels with the compiled GEMM where the direct conv is
-    off (backend.DIRECT_NATIVE; it also declines dilated convs); through numpy without the library. The same
+    off (cpu_conv.DIRECT_NATIVE; it also declines dilated convs); through numpy without the library. The same
     result every way."""
     if path != "numpy" and not native.available():
         pytest.skip(NO_NATIVE)
     if path == "numpy":
         monkeypatch.setattr(native, "_LIB", None)
-    monkeypatch.setattr(backend, "DIRECT_NATIVE", path == "direct")
+    monkeypatch.setattr(cpu_conv, "DIRECT_NATIVE", path == "direct")
     monkeypatch.setattr(parallel, "pool", lambda: split._POOL)
     before = native.calls()
     split.test_conv_split_matches_reference(*conv, rng=rng)

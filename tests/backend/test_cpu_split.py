@@ -153,7 +153,7 @@ def test_relu6_epilogue_on_split_conv(rng: np.random.Generator) -> None:
 @pytest.mark.parametrize(("b", "hq", "hkv", "causal", "masked"), [(1, 4, 4, False, True), (1, 8, 2, True, False),
                                                                 (3, 1, 1, True, True)])
 def test_attention_split_matches_whole(b, hq, hkv, causal, masked, rng: np.random.Generator) -> None:
-    from ember.backends.cpu.backend import attention_numpy
+    from ember.backends.cpu.attention import attention_numpy
 
     be = CpuBackend().init()
     sq, skv, d = 96, 128, 64

@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...core.expr import FLOAT, NUMPY_OPS, Expr
-
-Step = Callable[[], None]
+from .steps import Step
 
 _BINARY: dict[str, np.ufunc] = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
                                 "max": np.maximum, "min": np.minimum}
@@ -31,7 +30,7 @@ _FILLED: dict[tuple[str, bytes], np.ndarray] = {}
 def filled(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """A read-only array of `shape` holding the 0-d `value` everywhere (shared, grown on demand).
 
-    numpy's maximum/minimum run ~3.5x slower against a broadcast scalar than against a full array, so
+    numpy's maximum/minimum run much slower against a broadcast scalar than against a full array, so
     relu and clip bounds read one of these instead.
     """
     key = (value.dtype.str, value.tobytes())
@@ -51,7 +50,7 @@ def _supported(expr: Expr) -> bool:
 
 def _clip(expr: Expr) -> tuple[int, float, float] | None:
     """(input, lo, hi) where expr is min(max(input, lo), hi) or max(min(input, hi), lo) with constants
-    lo <= hi (Clip, ReLU6): np.clip is that in one pass, 2.3x faster than the two ufuncs."""
+    lo <= hi (Clip, ReLU6): np.clip is that in one pass, faster than the two ufuncs."""
     outer, inner = {"min": "max", "max": "min"}.get(expr.op), None
     if outer is None:
         return None
@@ -151,8 +150,8 @@ def compile_inplace(expr: Expr, ins: list[np.ndarray], dst: np.ndarray, clobber:
         return lambda: np.copyto(dst, c)
 
     if all(fn in (np.maximum, np.minimum) for fn, _, _ in prog):
-        # relu and friends raise no floating-point errors: no np.errstate, which costs ~20 us a call while
-        # another thread runs numpy too (measured on 2 cores; a conv's epilogue runs once per part).
+        # relu and friends raise no floating-point errors: no np.errstate, which costs more than the work while
+        # another thread runs numpy too (a conv's epilogue runs once per part).
         if len(prog) == 1:
             fn, a, o = prog[0]
             return lambda: fn(*a, out=o)

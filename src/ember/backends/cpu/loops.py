@@ -1,20 +1,29 @@
-"""Loop primitives on the cpu backend (ComputeBackend.record_scan/record_topk/record_scatter): numpy's cumulative
-ops, stable sorts and unbuffered `ufunc.at` scatters."""
+"""Index and loop primitives on the cpu backend: gather, and ComputeBackend's record_scan/record_topk/record_scatter
+through numpy's cumulative ops, stable sorts and unbuffered `ufunc.at` scatters."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...core.view import View
-from .backend import CpuBackend, Step
+from .steps import Step
 
 _SCAN = {"sum": np.cumsum, "prod": np.cumprod}
 _SCATTER = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
-def record_scan(self: CpuBackend, op: str, x: View, out: View, axis: int, exclusive: bool, reverse: bool,
-                ) -> list[Step]:
-    xv, dst = self.array(x), self.array(out)
+def record_gather(dv: np.ndarray, iv: np.ndarray, axis: int, dst: np.ndarray) -> list[Step]:
+    dim = dv.shape[axis]
+
+    def step() -> None:
+        idx = np.where(iv < 0, iv + dim, iv)
+        if idx.size and (idx.min() < 0 or idx.max() >= dim):
+            raise IndexError(f"Gather: index out of range for axis of size {dim}")
+        dst[...] = np.take(dv, idx, axis=axis)
+
+    return [step]
+
+
+def record_scan(op: str, xv: np.ndarray, dst: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> list[Step]:
     fn = _SCAN[op]
     ident = 0 if op == "sum" else 1
 
@@ -28,10 +37,8 @@ def record_scan(self: CpuBackend, op: str, x: View, out: View, axis: int, exclus
     return [step]
 
 
-def record_topk(self: CpuBackend, x: View, values: View, indices: View, axis: int, k: int, largest: bool,
-                ) -> list[Step]:
-    xv, vals, idx = self.array(x), self.array(values), self.array(indices)
-    n = x.shape[axis]
+def record_topk(xv: np.ndarray, vals: np.ndarray, idx: np.ndarray, axis: int, k: int, largest: bool) -> list[Step]:
+    n = xv.shape[axis]
 
     def step() -> None:
         if largest:
@@ -46,9 +53,9 @@ def record_topk(self: CpuBackend, x: View, values: View, indices: View, axis: in
     return [step]
 
 
-def record_scatter(self: CpuBackend, out: View, offsets: View, updates: View, reduction: str) -> list[Step]:
-    dst, off, upd = self.array(out).reshape(-1), self.array(offsets), self.array(updates)
-    size = out.size
+def record_scatter(out: np.ndarray, off: np.ndarray, upd: np.ndarray, reduction: str) -> list[Step]:
+    dst = out.reshape(-1)  # contiguous: a view
+    size = dst.size
 
     def step() -> None:
         o = np.clip(off.reshape(-1), 0, max(size - 1, 0))
@@ -59,7 +66,3 @@ def record_scatter(self: CpuBackend, out: View, offsets: View, updates: View, re
             _SCATTER[reduction].at(dst, o, u)
 
     return [step]
-
-
-for _name in ("record_scan", "record_topk", "record_scatter"):
-    setattr(CpuBackend, _name, globals()[_name])

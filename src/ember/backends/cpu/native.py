@@ -19,9 +19,9 @@ import numpy as np
 
 from ... import settings
 
-MR = 32  # rows per packed panel (_gemm.c)
-# Products with more columns than this stay with OpenBLAS, whose packing then pays for itself: on this project's
-# Zen 4 VM a thread ran 512 x 2304 @ 2304 x 49 1.3-1.4x faster here, 256 x 576 @ 576 x 196 at 0.9-1.0x.
+PANEL_ROWS = 32  # rows per packed panel (MR in _gemm.c)
+# Products with more columns than this stay with OpenBLAS, whose packing then pays for itself (measured with
+# bench/bench_cpu_native.py: BENCHMARKS.md).
 MAX_COLUMNS = 64
 _F32 = np.dtype(np.float32)
 _calls = [0]  # runs of gemm steps, for tests (increments from two threads may rarely merge)
@@ -84,10 +84,10 @@ class Packed(NamedTuple):
 def pack(w: np.ndarray) -> Packed:
     """w (M, K) packed for gemm_step: once, at load."""
     m, k = w.shape
-    panels = -(-m // MR)
-    padded = np.zeros((panels * MR, k), _F32)
+    panels = -(-m // PANEL_ROWS)
+    padded = np.zeros((panels * PANEL_ROWS, k), _F32)
     padded[:m] = w
-    return Packed(np.ascontiguousarray(padded.reshape(panels, MR, k).transpose(0, 2, 1)), m, k)
+    return Packed(np.ascontiguousarray(padded.reshape(panels, PANEL_ROWS, k).transpose(0, 2, 1)), m, k)
 
 
 def _step(fn: Callable[..., int], args: tuple, keep: tuple) -> Callable[[], None]:

@@ -3,12 +3,12 @@
 numpy releases the GIL inside copies, ufunc loops and BLAS calls, so threads running those run in parallel.
 While a backend's steps run, OpenBLAS is held to one thread (`one_blas_thread`) and the products are split
 over the pool instead, each part with its im2col or Winograd transforms: OpenBLAS's own workers spin between
-products and took the second core from the pool's numpy work (a Winograd conv split over the pool ran 2x
-slower next to OpenBLAS-threaded convs than next to convs split the same way), and its per-product thread
-hand-offs cost more than they save on the small products of Winograd (alpha^2 of them per conv). The pool
-also runs depthwise convolutions and max pooling, over bands of channels.
+products and take a core from the pool's numpy work (a Winograd conv split over the pool runs much slower next
+to OpenBLAS-threaded convs than next to convs split the same way), and its per-product thread hand-offs cost
+more than they save on the small products of Winograd (alpha^2 of them per conv). The pool also runs depthwise
+convolutions and max pooling, over bands of channels.
 
-Handing a region to a worker costs ~40 us here (a wake-up through the hypervisor, then the GIL), so a plan's
+Handing a region to a worker is costly (a wake-up through the hypervisor, then the GIL), so a plan's
 regions run as one program (`Pool.run_program`: a barrier between regions, not a hand-off and a wait each), and
 the caller's part of every split is a little larger (`spans`).
 """
@@ -108,18 +108,19 @@ class Pool:
             raise job[4][0]
 
 
-# The calling thread's head start. `Pool.run` wakes a worker that starts ~40-60 us later (through the
-# hypervisor, then handed the GIL), and when that worker finishes last the caller waits ~35 us more to be woken:
-# in ResNet-18 batch 1's 27 parallel regions the caller finished first in ~60%, ~2 ms a run lost to the two
-# waits. So the first part of a split, the caller's, is larger: by LEAD of the whole at least (a flat 2% took
-# 3% off the run, median, A/B in one process; 4% less), and where the caller says how long the split's work
-# takes one thread, by enough that the two parts end together with the worker HEAD_START_S late.
+# The calling thread's head start. `Pool.run` wakes a worker that starts later (through the hypervisor, then
+# handed the GIL), and when that worker finishes last the caller waits more to be woken: the caller finishing
+# first is the common case, and both waits are lost. So the first part of a split, the caller's, is larger: by
+# LEAD of the whole at least, and where the caller says how long the split's work takes one thread, by enough
+# that the two parts end together with the worker HEAD_START_S late.
 LEAD = 0.02
 HEAD_START_S = 50e-6
-# One thread's rough speed, for those estimates: multiply-adds a second in OpenBLAS sgemm (42-44 G measured on
-# this project's 2-core AMD EPYC), and seconds per element of a Winograd input transform's output (1-1.7 ns).
+# One thread's rough speed, for those estimates: multiply-adds a second in OpenBLAS sgemm, and seconds per
+# element of a Winograd input transform's output (both measured: BENCHMARKS.md).
 MACS_PER_S = 40e9
 TRANSFORM_S = 1.5e-9
+# Products smaller than this (multiply-adds) run whole on the calling thread: a hand-off to the pool costs more.
+SPLIT_MACS = 1 << 20
 
 
 def spans(total: int, parts: int, seconds: float | None = None) -> list[tuple[int, int]]:
@@ -196,7 +197,7 @@ class Region:
 class Phases:
     """Two lists of tasks as one parallel region: task i runs firsts[i], waits until every task has run its first
     part, then runs seconds[i]. Against two `Pool.run`s this saves a hand-off: the worker does not go back to
-    the queue to be woken again (~40 us), and where it finishes the first phase last the caller is not woken
+    the queue to be woken again, and where it finishes the first phase last the caller is not woken
     from its wait for it either; only the thread that reaches the barrier first waits.
 
     Every task must run on a thread of its own, all at once (or the first would wait for ever): no more tasks
@@ -289,10 +290,9 @@ class _Gang:
 _lock = threading.Lock()
 _pool: list[Pool | None] = []
 _cores: list[int] = []
-# The pool's default size: the core count, at most DEFAULT_MAX_THREADS. On the H200's 16-core host (ResNet-18
-# batch 1, bench/bench_cpu.py, 2026-11-30) a 16-thread pool took 79 ms (the threads' Python parts contend for
-# the GIL), 4 threads 32 ms, and 16 OpenBLAS threads with the pool off the products 39 ms (their spinning also
-# slowed ONNX Runtime next to it 2.7x); the code before the pool split products took 26 ms.
+# The pool's default size: the core count, at most DEFAULT_MAX_THREADS. More threads run slower on a many-core
+# host: their Python parts contend for the GIL (and OpenBLAS's own threads instead of the pool's spin, slowing
+# whatever runs next to them).
 DEFAULT_MAX_THREADS = 4
 
 
@@ -316,9 +316,9 @@ def pool() -> Pool | None:
 
 class _OneBlasThread:
     """A context in which OpenBLAS runs every product on the calling thread, so that the pool's threads can each
-    run their own products side by side: the alpha^2 small products of a Winograd conv ran 1.7-1.9x faster as
-    two single-threaded halves than as OpenBLAS's own two-thread products (47-55 against 81-93 GMAC/s on 2
-    cores), whose per-product thread hand-offs dominate at those sizes.
+    run their own products side by side: the alpha^2 small products of a Winograd conv run faster as
+    single-threaded parts than as OpenBLAS's own multi-threaded products, whose per-product thread hand-offs
+    dominate at those sizes.
 
     OpenBLAS's thread count is process-wide (its `_local` setter too, in pthreads builds), so entries nest by a
     count: the first saves and sets 1, the last restores. Code outside ember running BLAS meanwhile only runs

@@ -15,7 +15,7 @@ Per run, over all tiles at once:
 
 The transforms are a few large numpy calls rather than one ufunc per matrix entry: with two threads running
 them, every call costs more than its work on convs this size (the GIL changes hands), and F(4,3) went from
-128 calls a conv to ~20 (1x64x56 on 2 threads: 1.43 -> 0.96 ms).
+128 calls a conv to ~20.
 
 `split` cuts the conv into parts for the pool's threads (images, bands of tile rows, or ranges of output
 channels after an input transform split over ranges of input channels), each part a task that runs its own
@@ -26,6 +26,7 @@ lists of calls with their `out=` targets, so a run allocates nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -33,15 +34,17 @@ from typing import Any
 import numpy as np
 
 from ...core import winograd
+from ...core.expr import Expr
 from . import parallel
+from .elementwise import epilogue, own_residual
+from .steps import Scratch, Step, scratch_step, seq
 
-Step = Callable[[], None]
 Prog = list[tuple[Any, tuple, np.ndarray | None]]  # (ufunc or function, args, out= or None)
 
 
 def input_transform(m: int, d: list[np.ndarray], r: list[np.ndarray]) -> Prog:
     """Ufunc calls computing r = B^T d along one axis for F(2,3) (d: alpha input rows, r: alpha outputs; no r may
-    alias a d). F(4,3) runs its transforms as products instead (build)."""
+    alias a d). F(4,3) runs its transforms as products instead (build_steps)."""
     add, sub = np.add, np.subtract
     if m == 2:  # B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]
         return [(sub, (d[0], d[2]), r[0]), (add, (d[1], d[2]), r[1]), (sub, (d[2], d[1]), r[2]),
@@ -77,7 +80,7 @@ class Layout:
         self.elems = 0
         # The output channels may be split into kparts ranges, each one task (products and output transform).
         self.kranges = _ranges(k, kparts, a * a * k * c * self.cols / parallel.MACS_PER_S)
-        # The padded input split by phases (xq) is each conv's own, outside the scratch (build): its padding
+        # The padded input split by phases (xq) is each conv's own, outside the scratch (build_steps): its padding
         # zeros are written once. cols dies once v is made, v once the products ran (all of them: z may reuse
         # it only with one task); y reuses cols' space where it fits.
         # cols: B^T along columns, (nu, row phase, C, N, Hq, Wq); with F(4,3) alpha row phases, the last two
@@ -128,9 +131,9 @@ def _phase_groups(m: int, pad: int, size: int, grid: int) -> list[tuple[int, int
     return out
 
 
-def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, dst: np.ndarray, buf: np.ndarray,
-          epilogue: Callable[..., Step | None], res: np.ndarray | None = None,
-          cparts: int = 1) -> tuple[list[Step], list[Step]]:
+def build_steps(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, dst: np.ndarray,
+                buf: np.ndarray, epilogue: Callable[..., Step | None], res: np.ndarray | None = None,
+                cparts: int = 1) -> tuple[list[Step], list[Step]]:
     """The steps of one conv over the scratch `buf` (float32 elements): xv (N, C, H, W), uv (alpha^2, K, C),
     bv (K,) or None, dst (N, K, P, Q); `epilogue(out, res)` makes the step computing out = act(out + res) in
     place (res: the same part of the residual `res` (N, K, P, Q), or None), or returns None where there is
@@ -141,7 +144,7 @@ def build(lay: Layout, xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, ds
     may run side by side, the second list's once the first's all ran.
 
     Every numpy call here costs more than its work on small convs when two threads run them (each hands the
-    GIL over: 5 calls of 50K elements on two threads took longer than on one), so the transforms are few
+    GIL over), so the transforms are few
     large calls: grouped phase copies, and the transforms along an axis as one (batched) product with the
     small B^T or A^T, not one ufunc per matrix entry (F(4,3): 128 calls a conv before, ~20 now)."""
     n, c, k, m, a = lay.n, lay.c, lay.k, lay.m, lay.a
@@ -213,7 +216,7 @@ def _transform_step(copies: list[tuple[np.ndarray, np.ndarray]], fills: list[np.
             np.copyto(d_, s_)
         for z_ in fills:
             z_.fill(0)
-        # No np.errstate around the arithmetic: it cost 20 us a task with two threads running (measured), and
+        # No np.errstate around the arithmetic: it costs more than the work with two threads running, and
         # the tiles are finite unless the input is not (then numpy warns, as the direct conv's product does).
         for fn, args, out in prog:
             if out is None:
@@ -224,9 +227,8 @@ def _transform_step(copies: list[tuple[np.ndarray, np.ndarray]], fills: list[np.
     return run
 
 
-# Elements of a transform product's right-hand block per call: OpenBLAS runs these short products (K = alpha) 4-10x
-# slower once that block outgrows the core's L2 cache (measured: (4 x 6) @ (6 x 57600) 0.92 ms as one call,
-# 0.25 ms in 22 calls), so longer runs go in chunks.
+# Elements of a transform product's right-hand block per call: OpenBLAS runs these short products (K = alpha)
+# several times slower once that block outgrows the core's L2 cache, so longer runs go in chunks.
 CHUNK = 1 << 17
 
 
@@ -272,8 +274,8 @@ def _output_task(lay: Layout, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, 
     if m > 2:
         # F(4,3): the columns' A^T product written transposed, y (i, K*G, j): a tile row's m outputs then lie
         # next to each other, so each output row is one contiguous run of y (garbage tile column included),
-        # and the tiles go into the output in m copies of whole rows. 16 copies of every 4th element took 3x
-        # as long, more than the transposed product costs (measured: 108 -> 33 us, product 36 -> 44 us).
+        # and the tiles go into the output in m copies of whole rows: 16 copies of every 4th element took
+        # longer than the transposed product costs.
         yt = y.reshape(m, lay.k * g, m)
         zt = z[:, :, ks].transpose(0, 2, 1)
         step = max(1, CHUNK // a)
@@ -285,16 +287,16 @@ def _output_task(lay: Layout, k0: int, k1: int, uv: np.ndarray, vc: np.ndarray, 
             scatter.append((d, y5[r, k0:k1, :, :d.shape[2], :d.shape[3]]))
     else:
         post += _product(at, z[:, :, ks], y[:, :, ks])
-        # One copy per tile position (i, j): numpy ran one 6-D copy 2-4x slower (it loops over j innermost).
+        # One copy per tile position (i, j): numpy ran one 6-D copy slower (it loops over j innermost).
         y6 = y.reshape(m, m, lay.k, lay.n, lay.hq, lay.wq)
         for r in range(min(m, lay.p)):
             for j in range(min(m, lay.q)):
                 d = out_t[k0:k1, :, r::m, j::m]
                 scatter.append((d, y6[r, j, k0:k1, :, :d.shape[2], :d.shape[3]]))
     # 5. Then the residual and activation in one contiguous pass over this range of the output. Fused into
-    # the copies (act(y + residual) written row by row) ResNet-18 ran 3% slower: numpy's per-row loop overhead
+    # the copies (act(y + residual) written row by row) ResNet-18 ran slower: numpy's per-row loop overhead
     # on those strided rows outweighs the pass saved; fused into strided (every m-th element) writes it took
-    # 1.8x (3.3x with the residual) as long as copies plus one pass (measured on a 64 x 28 x 56 band).
+    # longer still than copies plus one pass.
     last = epilogue(dst[:, k0:k1], res[:, k0:k1] if res is not None else None)
 
     tail = mm[:, k0:k1, lay.cols:]  # tiles the products skip (an image's last grid row): kept finite
@@ -328,8 +330,8 @@ def split(xshape: tuple[int, ...], k: int, out_hw: tuple[int, int], pads: tuple[
     top, left, _, right = pads
     th, tw = winograd.tiles(p, q, m)
     # Splitting one image by output channels where its transformed filter is large (ResNet-18's 64-channel
-    # F(4,3) convs, 590 KB) was tried: 4% slower alone, and in the whole model within noise at best (that
-    # split has two parallel regions, the input transform's and the products', where bands have one).
+    # F(4,3) convs) was tried: slower alone, and in the whole model no faster (that split has two parallel
+    # regions, the input transform's and the products', where bands have one).
     if parts > 1 and k > n * th * tw and k >= 8 * parts:
         return [((slice(None), slice(None)), (slice(None), slice(None)), Layout(xshape, k, out_hw, pads, m, parts))]
     if n >= parts or th < 2:
@@ -354,39 +356,61 @@ def split(xshape: tuple[int, ...], k: int, out_hw: tuple[int, int], pads: tuple[
 _ranges = parallel.spans
 
 
+def record_conv(xv: np.ndarray, uv: np.ndarray, bv: np.ndarray | None, dst: np.ndarray, residual: np.ndarray | None,
+                pads: tuple[int, int, int, int], m: int, act: Expr | None, scratch: Scratch) -> list[Step]:
+    """dst = act(conv3x3(xv) + bv + residual) by F(m, 3) as one step (ComputeBackend.record_conv_winograd): uv the
+    transformed filter (alpha^2, K, C)."""
+    # A residual joins the epilogue, after the tiles are in the output: one that shares the output's memory
+    # is copied away first.
+    keep, rv = own_residual(dst, residual) if residual is not None else (None, None)
+    # Split over the pool's threads, each running its part whole (transforms and products, with OpenBLAS
+    # held to the calling thread): see parallel.one_blas_thread.
+    pool = parallel.blas_pool()
+    pieces = split(xv.shape, dst.shape[1], dst.shape[2:], pads, m, pool.size if pool is not None else 1)
+    offsets = [0]
+    for *_, lay in pieces:
+        offsets.append(offsets[-1] + lay.elems)
+    # The transforms' buffers live in the shared scratch, as im2col's do (in cache from one conv to the next).
+    scratch.reserve(offsets[-1] * 4)
+
+    def build(buf: np.ndarray | None) -> list[Step]:
+        assert buf is not None
+        f32 = buf[:offsets[-1] * 4].view(np.float32)
+        tasks = []
+        for (xi, oi, lay), o0 in zip(pieces, offsets, strict=False):
+            o = dst[oi[0], :, oi[1]]
+            res = rv[oi[0], :, oi[1]] if rv is not None else None
+            # Output channels split over the threads: the input transform splits by input channels first.
+            split_k = len(lay.kranges) > 1
+            firsts, outs = build_steps(lay, xv[xi[0], :, xi[1]], uv, bv, o, f32[o0:o0 + lay.elems],
+                                       functools.partial(epilogue, act), res,
+                                       pool.size if split_k and pool is not None else 1)
+            if split_k:
+                assert pool is not None
+                # One region with a barrier between the phases, where each task can have a thread of its own.
+                if len(firsts) == len(outs) <= pool.size:
+                    return [parallel.Phases(pool, firsts, outs)]
+                return [parallel.Region(pool, firsts), parallel.Region(pool, outs)]
+            tasks.append(seq(*firsts, *outs))
+        if len(tasks) == 1:
+            return tasks
+        assert pool is not None
+        return [parallel.Region(pool, tasks)]
+
+    return [scratch_step(scratch, build, keep)]
+
+
 def choose(n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
-    """The cpu's cost model: which F(m, 3) runs this conv fastest, or None for im2col + BLAS.
-
-    Measured on this project's 2-core machine (AMD EPYC, AVX-512, OpenBLAS 0.3.31 held to one thread per pool
-    thread) with bench/bench_cpu_winograd.py: ms per conv, C = K channels in and out, S x S, pads 1, 4 convs with
-    their own weights run back to back (weights from memory, as in a network), p20 of 25 runs:
-
-        N x C x S     direct  F(2,3)  F(4,3)       N x C x S    direct  F(2,3)  F(4,3)
-        1 x  64 x 56    1.89    1.47    1.63       8 x  64 x 56  16.24    9.54    9.45
-        1 x 128 x 28    1.49    1.18    1.36       8 x 128 x 28  14.08    7.39    7.32
-        1 x 256 x 14    1.74    1.48    2.12       8 x 256 x 14  12.20    7.32    9.17
-        1 x 512 x  7    2.87    4.42    6.34       8 x 512 x  7  13.87   11.42   13.13
-        1 x  32 x 56    0.55    0.47    0.78       2 x 512 x  7   3.74    4.23    7.01
-        1 x  32 x 28    0.22    0.23    0.53       4 x 512 x  7   6.98    6.76    8.84
-        1 x  64 x 14    0.21    0.22    0.50       1 x 256 x  7   0.66    0.82    1.61
-        1 x  16 x 56    0.25    0.30    0.63       1 x 1024 x 4   3.30    7.53   14.16
+    """The cpu's cost model: which F(m, 3) runs this conv fastest, or None for im2col + BLAS (fitted to
+    bench/bench_cpu_winograd.py's timings: BENCHMARKS.md).
 
     The transforms cost per tile and channel, the products save per tile and channel pair: Winograd needs
     channels (32 and up) and enough tiles to spread its transformed filter over (16/9 the weight's bytes for
-    F(2,3), read per run): 16 tiles (7x7 at batch 1) are too few, 49 (14x14) enough.
-
-    Since the transforms became a few large calls (products with B^T and A^T; 2026-11-30, 2 threads, same
-    bench, p20 of 15, ms):
-
-        N x C x S     direct  F(2,3)  F(4,3)       N x C x S    direct  F(2,3)  F(4,3)
-        1 x  64 x 56    1.55    1.08    0.98       8 x  64 x 56  15.36   11.00    8.76
-        1 x 128 x 28    1.48    1.15    1.08       8 x 128 x 28  12.33    7.84    6.74
-        1 x  32 x 56    0.92    0.61    0.58       8 x 256 x 14  11.93    7.65    9.77
+    F(2,3), read per run): a 7x7 output at batch 1 has too few, 14x14 enough.
 
     F(4,3) (4x fewer multiply-adds than direct, 2.25x for F(2,3)) wins where its own tiles are enough and its
-    transformed filter (36/9 the weight's bytes) stays small, up to 128 x 128 channels (2.4 MB). It rounds more:
-    max |error| / max |out| against a float64 direct conv 5.7e-6 (64 x 56), 9.3e-6 (128 x 28), against 4e-7 to
-    6e-7 for F(2,3); ResNet-18's output then differs from ONNX Runtime's by 7e-7 of its maximum (4.8e-7 before).
+    transformed filter (36/9 the weight's bytes) stays small, up to 128 x 128 channels (2.4 MB). It rounds more
+    than F(2,3) (its error against a float64 conv: BENCHMARKS.md).
     """
     if np.dtype(dtype) != np.float32 or min(c, k) < 32:
         return None

@@ -1,0 +1,65 @@
+"""Scaled dot-product attention on the cpu backend: numpy products, heads (else images) over the pool's threads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import parallel
+from .steps import Step
+
+
+def attention_numpy(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: Any, mask: np.ndarray | None) -> np.ndarray:
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    if mask is not None:
+        s = s + mask
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)  # a fully masked row gives zeros, not NaN
+    e = np.exp(s - m)
+    den = e.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.where(den > 0, e / np.where(den > 0, den, 1), 0)
+    return np.matmul(p.astype(q.dtype), v)
+
+
+def record_attention(qv: np.ndarray, kv: np.ndarray, vv: np.ndarray, mv: np.ndarray | None, dst: np.ndarray,
+                     scale: float, causal: bool) -> list[Step]:
+    rep = qv.shape[1] // kv.shape[1]
+    sq, skv = qv.shape[2], kv.shape[2]
+    causal_mask = None
+    if causal:
+        i, j = np.arange(sq)[:, None], np.arange(skv)[None, :]
+        causal_mask = np.where(j <= i + (skv - sq), 0.0, -np.inf).astype(qv.dtype)
+
+    # Heads (else images) over the pool's threads when the products are large enough to split.
+    pool = parallel.blas_pool()
+    batch, heads = qv.shape[:2]
+    axis = 1 if pool is not None and heads >= pool.size else 0
+    split = (pool is not None and batch * heads * sq * skv * qv.shape[3] * 2 >= parallel.SPLIT_MACS
+             and qv.shape[axis] >= pool.size)
+
+    def step() -> None:
+        keys = np.repeat(kv, rep, axis=1) if rep > 1 else kv
+        values = np.repeat(vv, rep, axis=1) if rep > 1 else vv
+        m = mv
+        if causal_mask is not None:
+            m = causal_mask if m is None else m + causal_mask
+        sc = qv.dtype.type(scale)
+        if not split:
+            dst[...] = attention_numpy(qv, keys, values, sc, m)
+            return
+
+        def part(lo: int, hi: int) -> Step:
+            ix = (slice(None), slice(lo, hi)) if axis == 1 else (slice(lo, hi),)
+            mm = m[ix] if m is not None and m.ndim == 4 else m
+
+            def run() -> None:
+                dst[ix] = attention_numpy(qv[ix], keys[ix], values[ix], sc, mm)
+
+            return run
+
+        assert pool is not None
+        pool.run([part(lo, hi) for lo, hi in parallel.spans(qv.shape[axis], pool.size)])
+
+    return [step]
