@@ -18,9 +18,7 @@ from .ir import Graph
 from .onnx.importer import load
 from .onnx.optimize import optimize
 from .ops import UnsupportedError, lookup
-from .ops.transformer import PATTERNS
-from .plan import Plan, build_plan
-from .plan.planner import host_value_inputs
+from .plan import COUNTERS, Plan, build_plan, host_value_inputs
 
 
 @dataclass(frozen=True)
@@ -108,9 +106,8 @@ class Model:
         self.inputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.inputs]
         # An output the model declares without a shape shows None until a plan knows it.
         self.outputs = [TensorInfo(v.name, v.shape, v.dtype) for v in graph.outputs]
-        self._stats = {f"{p}.{arm}": 0 for p in PATTERNS for arm in ("fused", "fallback")}
-        self._stats["attention.gemm"] = 0  # long sequences: GEMM + fused softmax + GEMM (ops/transformer.py)
-        self._stats["conv.winograd"] = 0  # 3x3 convs run by Winograd F(m, 3) (ops/nn.py)
+        # Per run, each plan counter (Plan.counters) adds its count: every counter the ops declare starts at 0.
+        self._stats = dict.fromkeys(COUNTERS, 0)
         self.rewrites: dict[str, int] = {}
         self._host_inputs = host_value_inputs(graph)
         for vi in graph.inputs:
@@ -219,9 +216,8 @@ class Model:
         with self._lock:
             plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
             result = plan.run(arrays, output_names, keep_on_device)
-            for k, v in plan.stats.items():
-                if k == "conv.winograd" or k.endswith((".fused", ".fallback", ".gemm")) and k.split(".")[0] in PATTERNS:
-                    self._stats[k] += v
+            for k, v in plan.counters.items():
+                self._stats[k] = self._stats.get(k, 0) + v
         names = output_names if output_names is not None else [o.name for o in self.outputs]
         if self.precision == "f16" and not keep_on_device:
             bad = [n for n in names if result[n].dtype.kind == "f" and not np.isfinite(result[n]).all()]
@@ -288,9 +284,11 @@ class Model:
             pass
 
     def stats(self) -> dict[str, int]:
-        """Which arm ran for each fused pattern ("<pattern>.fused" / "<pattern>.fallback" for rmsnorm,
-        layernorm, softmax, gelu, attention; "attention.gemm"; "conv.winograd" for 3x3 convs run by Winograd):
-        +1 per occurrence per run. Per model, safe under threads."""
+        """The plans' counters summed over this model's runs: each counter adds its count in the plan per run (+1
+        per occurrence per run). They say which arm ran for each fused pattern ("<pattern>.fused" /
+        "<pattern>.fallback" for rmsnorm, layernorm, softmax, gelu, attention; "attention.gemm"), which kernel
+        algorithm a convolution took ("conv.<algorithm>"), and how elementwise work fused; ember.plan.COUNTERS lists
+        them. Per model, safe under threads."""
         with self._lock:
             return dict(self._stats)
 

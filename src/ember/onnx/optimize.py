@@ -3,10 +3,13 @@ and rewrite x * sigmoid(x) as one SiLU node so it can join a Conv's epilogue."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ir import Graph, Node
-from ..ops import UnsupportedError, lookup
+from ..ops import Tensor, UnsupportedError, lookup
+from ..plan import fold
 
 EMBER_DOMAIN = "ai.ember"
 
@@ -35,9 +38,6 @@ def _rename_input(graph: Graph, old: str, new: str) -> None:
 def fold_constants(graph: Graph) -> int:
     """Nodes whose inputs are all initializers become initializers (weights computed by ConstantOfShape,
     Constant nodes, Shape-free arithmetic on weights)."""
-    from ..ops.base import T
-    from ..plan.planner import _fold
-
     folded = 0
     keep = []
     for node in graph.nodes:
@@ -47,9 +47,9 @@ def fold_constants(graph: Graph) -> int:
             keep.append(node)
             continue
         try:
-            ins = [T(graph.initializers[i].dtype, graph.initializers[i].shape, value=graph.initializers[i]) if i
+            ins = [Tensor(graph.initializers[i].dtype, graph.initializers[i].shape, value=graph.initializers[i]) if i
                    else None for i in node.inputs]
-            outs = _fold(cls(node), ins)
+            outs = fold(cls(node), ins)
         except (UnsupportedError, ValueError, TypeError, IndexError):
             keep.append(node)  # left for the planner, which reports the problem with the shapes in hand
             continue
@@ -339,16 +339,12 @@ _ELEMENTWISE = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np
 def _gelu_ref(x: np.ndarray, tanh: bool) -> np.ndarray:
     if tanh:
         return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
-    import math
-
     return 0.5 * x * (1 + np.vectorize(math.erf)(x / np.sqrt(2.0)))
 
 
 def fuse_gelu(graph: Graph) -> int:
     """Any cluster of elementwise nodes around an Erf (or Tanh) that computes GELU of one tensor ->
     ai.ember.Gelu. The cluster is checked numerically against the formula, so any operand order works."""
-    import math
-
     count = 0
     while True:
         m = _Matcher(graph)

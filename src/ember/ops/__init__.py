@@ -1,6 +1,36 @@
-"""ONNX ops, one class per op, grouped by area; importing this package registers them all."""
+"""ONNX ops, one class per op, one op family per module; importing this package registers them all."""
 
-from . import elementwise, index, linalg, misc, nn, reduce, shape, transformer  # noqa: F401  (registration)
-from .base import REGISTRY, Context, Op, T, UnsupportedError, lookup, register
+from . import (  # noqa: F401  (registration)
+    bitwise,
+    causal_conv,
+    constant,
+    conv,
+    conv_transpose,
+    deform_conv,
+    elementwise,
+    gather,
+    grid_sample,
+    linalg,
+    linear_attention,
+    loss,
+    mask,
+    ml,
+    normalization,
+    pad,
+    pool,
+    quantize,
+    reduce,
+    resize,
+    rnn,
+    scan,
+    scatter,
+    shape,
+    spectral,
+    topk,
+    transformer,
+    window,
+)
+from .base import COUNTERS, REGISTRY, Context, Op, Tensor, UnsupportedError, declare_counters, lookup, register
 
-__all__ = ["REGISTRY", "Context", "Op", "T", "UnsupportedError", "lookup", "register"]
+__all__ = ["COUNTERS", "REGISTRY", "Context", "Op", "Tensor", "UnsupportedError", "declare_counters", "lookup",
+           "register"]

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..backends.base import ComputeBackend
 from ..core.dtypes import kind_of
-from ..core.expr import Expr
+from ..core.expr import Expr, inp
 from ..core.view import View
 from ..ir import Node
 
@@ -29,7 +29,7 @@ class Lazy:
     value instead of reading it, so a chain of elementwise nodes becomes one kernel."""
 
     expr: Expr
-    inputs: list[T]
+    inputs: list[Tensor]
     anchor: Callable[..., list] | None = None  # (out, act, bias View | None) -> steps
     nodes: int = 1  # graph nodes this value stands for (for the fusion counters)
     origin: str = ""  # the node that created it (profile labels)
@@ -41,7 +41,7 @@ class Lazy:
 
 
 @dataclass(eq=False)
-class T:
+class Tensor:
     """A tensor while planning: static dtype and shape, and a host value (constant), a device view, or a
     lazy expression. `uses` counts the consumers the planner has seen for it."""
 
@@ -82,8 +82,8 @@ class Context:
         self._in_use: set[int] = set()  # intermediate handles holding live data
         self.requested_bytes = 0  # every intermediate allocation, as if none were reused
         self.intermediate_bytes = 0  # what the intermediates really take
-        self._uploaded: dict[int, tuple[T, View]] = {}
-        self.stats: dict[str, int] = {}
+        self._uploaded: dict[int, tuple[Tensor, View]] = {}
+        self.counters: dict[str, int] = {}  # count(): occurrences per run of the plan (see COUNTERS)
         self.node = ""  # the node being planned: recorded steps are labelled with it
         self.labels: list[str] = []
         self.fuse = True  # lazy elementwise fusion and epilogues (off: one kernel per node)
@@ -117,15 +117,15 @@ class Context:
             self._in_use.discard(h)
             self._free.append((self.backend.nbytes(h), h))
 
-    def new(self, dtype: Any, shape: Sequence[int], *, pinned: bool = False) -> T:
+    def new(self, dtype: Any, shape: Sequence[int], *, pinned: bool = False) -> Tensor:
         shape = tuple(int(d) for d in shape)
-        return T(np.dtype(dtype), shape, view=self.alloc(dtype, shape, pinned=pinned))
+        return Tensor(np.dtype(dtype), shape, view=self.alloc(dtype, shape, pinned=pinned))
 
-    def const(self, value: Any, dtype: Any = None) -> T:
+    def const(self, value: Any, dtype: Any = None) -> Tensor:
         arr = np.asarray(value, dtype=dtype)
-        return T(arr.dtype, arr.shape, value=arr)
+        return Tensor(arr.dtype, arr.shape, value=arr)
 
-    def view(self, t: T) -> View:
+    def view(self, t: Tensor) -> View:
         """The device view of t; a constant is uploaded once, on first use; a lazy value is computed."""
         if t.view is not None:
             return t.view
@@ -141,7 +141,7 @@ class Context:
         self._uploaded[id(t)] = (t, v)
         return v
 
-    def materialize(self, t: T) -> View:
+    def materialize(self, t: Tensor) -> View:
         lz = t.lazy
         assert lz is not None
         out = self.alloc(t.dtype, t.shape)
@@ -160,12 +160,10 @@ class Context:
         t.view, t.lazy = out, None
         return out
 
-    def contiguous(self, t: T) -> View:
+    def contiguous(self, t: Tensor) -> View:
         v = self.view(t)
         if v.is_contiguous():
             return v
-        from ..core.expr import inp
-
         out = self.alloc(t.dtype, t.shape)
         self.record(self.backend.record_elementwise(inp(0, kind_of(t.dtype)), [v], out))
         return out
@@ -175,10 +173,10 @@ class Context:
         self.labels.extend([label or self.node] * len(steps))
 
     def count(self, key: str, n: int = 1) -> None:
-        self.stats[key] = self.stats.get(key, 0) + n
+        self.counters[key] = self.counters.get(key, 0) + n
 
 
-def referenced_handles(t: T, out: set[int]) -> None:
+def referenced_handles(t: Tensor, out: set[int]) -> None:
     """Buffers that t's data lives in or (while lazy) will be computed from."""
     if t.view is not None:
         out.add(t.view.handle)
@@ -206,13 +204,30 @@ class Op:
         unknown = set(node.attrs) - set(self.attrs) - {"consumed_inputs"}
         if unknown:
             raise UnsupportedError(f"{node.describe()}: unsupported attribute(s) {sorted(unknown)}")
-        self.a = {**self.attrs, **{k: v for k, v in node.attrs.items() if k != "consumed_inputs"}}
+        # The node's attributes, each missing one at its schema default.
+        self.attr: dict[str, Any] = {**self.attrs, **{k: v for k, v in node.attrs.items() if k != "consumed_inputs"}}
 
-    def run(self, ctx: Context, *inputs: T | None) -> list[T]:
+    def run(self, ctx: Context, *inputs: Tensor | None) -> list[Tensor]:
         raise NotImplementedError
 
     def fail(self, message: str) -> UnsupportedError:
         return UnsupportedError(f"{self.node.describe()}: {message}")
+
+
+def norm_axis(op: Op, axis: int, rank: int) -> int:
+    """An ONNX axis attribute or input (negative: from the end) as an index into `rank` dims."""
+    if not -rank <= axis < max(rank, 1):
+        raise ValueError(f"{op.node.describe()}: axis {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def host_ints(op: Op, t: Tensor | None, what: str) -> list[int] | None:
+    """Values of an input that must be known while planning (shape arithmetic runs on the host)."""
+    if t is None:
+        return None
+    if not t.is_const:
+        raise op.fail(f"the {what} input must be known when the plan is built (it is computed on the device)")
+    return [int(v) for v in np.asarray(t.value).reshape(-1)]
 
 
 REGISTRY: dict[tuple[str, str], list[type[Op]]] = {}
@@ -236,3 +251,26 @@ def lookup(node: Node) -> type[Op] | None:
         return None
     valid = [c for c in entries if c.since <= node.opset]
     return valid[-1] if valid else None
+
+
+def call_op(ctx: Context, parent: Op, op_type: str, *inputs: Tensor | None, **attrs: object) -> list[Tensor]:
+    """Run another registered op inside this one (same context), e.g. MatMul inside QLinearMatMul; looked up in
+    the registry, so an op family needs no import of another's module."""
+    node = Node(op_type, "", [f"_{i}" if t is not None else "" for i, t in enumerate(inputs)], ["_y"], attrs,
+                f"{parent.node.name}/{op_type}", parent.node.opset)
+    cls = lookup(node)
+    assert cls is not None, op_type
+    return cls(node).run(ctx, *inputs)
+
+
+# The counters ops may add to a plan (Context.count), each declared by the module that counts it, so a
+# model can report them (as 0) before any plan has counted one.
+COUNTERS: list[str] = []
+
+
+def declare_counters(*keys: str) -> None:
+    """Declare counters an op family adds to plans (see COUNTERS)."""
+    COUNTERS.extend(k for k in keys if k not in COUNTERS)
+
+
+declare_counters("elementwise.kernels", "elementwise.nodes", "epilogue.fused")  # Context.materialize

@@ -6,10 +6,14 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+from onnx import helper
 
+from ..core.dtypes import kind_of
 from ..core.expr import BOOL, FLOAT, INT, Expr, call, const, inp
 from ..core.view import View
-from .base import Context, Lazy, Op, T, kind_of, register
+from .base import Context, Lazy, Op, Tensor, register
+from .exprs import float_const
+from .shape import reshape_view
 
 
 def broadcast_shape(op: Op, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
@@ -31,7 +35,7 @@ def substitute(e: Expr, mapping: dict[int, Expr]) -> Expr:
     return Expr(e.op, tuple(substitute(a, mapping) for a in e.args), e.value, e.kind)
 
 
-def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype) -> T:
+def emit(ctx: Context, op: Op, expr: Expr, inputs: list[Tensor], out_dtype: np.dtype) -> Tensor:
     """The result of an elementwise node, as a lazy value: single-use lazy inputs are inlined, scalar
     constants become literals, and a lone Conv/MatMul input takes the expression as its epilogue."""
     shape = broadcast_shape(op, [t.shape for t in inputs])
@@ -42,7 +46,7 @@ def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype)
             ctx.record(ctx.backend.record_elementwise(expr, views, out.view))
         return out
     mapping: dict[int, Expr] = {}
-    new_inputs: list[T] = []
+    new_inputs: list[Tensor] = []
     nodes = 1
     for i, t in enumerate(inputs):
         lz = t.lazy
@@ -58,7 +62,7 @@ def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype)
             new_inputs.append(t)
     fused = substitute(expr, mapping)
     # The same tensor read twice (x * sigmoid(x)) is one binding.
-    unique: list[T] = []
+    unique: list[Tensor] = []
     remap: dict[int, Expr] = {}
     for j, t in enumerate(new_inputs):
         k = next((n for n, u in enumerate(unique) if u is t), None)
@@ -74,35 +78,35 @@ def emit(ctx: Context, op: Op, expr: Expr, inputs: list[T], out_dtype: np.dtype)
             if (lz is not None and lz.takes_bias and not lz.inputs and lz.expr.op == "in" and a.uses == 1
                     and a.shape == shape and a.dtype == b.dtype == out_dtype):
                 # MatMul + bias (or + residual): the matmul adds it in its epilogue.
-                return T(out_dtype, shape, lazy=Lazy(inp(0), [b], lz.anchor, lz.nodes + nodes, lz.origin, lz.deps))
+                return Tensor(out_dtype, shape, lazy=Lazy(inp(0), [b], lz.anchor, lz.nodes + nodes, lz.origin, lz.deps))
     if (len(unique) == 1 and unique[0].lazy is not None and unique[0].lazy.anchor is not None
             and unique[0].uses == 1 and unique[0].shape == shape and fused.kind == FLOAT
             and unique[0].dtype == out_dtype):
         base = unique[0].lazy
         epilogue = substitute(fused, {0: base.expr})
-        return T(out_dtype, shape, lazy=Lazy(epilogue, base.inputs, base.anchor, base.nodes + nodes, base.origin,
+        return Tensor(out_dtype, shape, lazy=Lazy(epilogue, base.inputs, base.anchor, base.nodes + nodes, base.origin,
                                              base.deps, pool=base.pool))
     if not unique:
         out = ctx.new(out_dtype, shape)
         if out.size:
             ctx.record(ctx.backend.record_elementwise(fused, [], out.view))
         return out
-    return T(out_dtype, shape, lazy=Lazy(fused, unique, nodes=nodes, origin=ctx.node))
+    return Tensor(out_dtype, shape, lazy=Lazy(fused, unique, nodes=nodes, origin=ctx.node))
 
 
 def anchored(ctx: Context, dtype: np.dtype, shape: tuple[int, ...], record: Callable[..., list],
-             deps: list[View | None], takes_bias: bool = False) -> T:
+             deps: list[View | None], takes_bias: bool = False) -> Tensor:
     """A Conv/MatMul result, computed when first read, so a following bias add and activation join its
     epilogue. `record(out, act, bias)` records the kernel; `deps` are the views it reads (kept alive)."""
     deps = [d for d in deps if d is not None]
-    t = T(np.dtype(dtype), tuple(shape), lazy=Lazy(inp(0), [], record, origin=ctx.node, deps=deps,
+    t = Tensor(np.dtype(dtype), tuple(shape), lazy=Lazy(inp(0), [], record, origin=ctx.node, deps=deps,
                                                    takes_bias=takes_bias))
     if not ctx.fuse:
         ctx.view(t)
     return t
 
 
-def args(inputs: list[T]) -> list[Expr]:
+def args(inputs: list[Tensor]) -> list[Expr]:
     return [inp(i, kind_of(t.dtype)) for i, t in enumerate(inputs)]
 
 
@@ -112,7 +116,7 @@ class Unary(Op):
 
     build: Callable[..., Expr]
 
-    def run(self, ctx: Context, x: T) -> list[T]:
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
         return [emit(ctx, self, self.build(inp(0, kind_of(x.dtype))), [x], x.dtype)]
 
 
@@ -120,7 +124,7 @@ def unary(op_type: str, since: int, build: Callable[[Expr], Expr], attrs: dict |
           domain: str = "") -> None:
     if attrs:
         def b(self: Op, x: Expr) -> Expr:
-            return build(x, **self.a)
+            return build(x, **self.attr)
     else:
         def b(self: Op, x: Expr) -> Expr:
             return build(x)
@@ -128,47 +132,59 @@ def unary(op_type: str, since: int, build: Callable[[Expr], Expr], attrs: dict |
     register(op_type, since, domain)(cls)
 
 
-for _name, _fn in {"Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
+for _name, _function in {"Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
                    "Reciprocal": "reciprocal", "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign",
                    "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Sin": "sin", "Cos": "cos",
                    "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh",
                    "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "Softplus": "softplus",
                    "Softsign": "softsign"}.items():
-    unary(_name, 1, lambda x, f=_fn: call(f, x))
-
-
-def _f(v: float) -> Expr:
-    return const(v, FLOAT)
+    unary(_name, 1, lambda x, f=_function: call(f, x))
 
 
 def _where_neg(x: Expr, neg: Expr) -> Expr:
-    return call("where", call("lt", x, _f(0.0)), neg, x)
+    return call("where", call("lt", x, float_const(0.0)), neg, x)
 
 
-unary("LeakyRelu", 1, lambda x, alpha: _where_neg(x, call("mul", _f(alpha), x)), {"alpha": 0.01})
-unary("Elu", 1, lambda x, alpha: _where_neg(x, call("mul", _f(alpha), call("sub", call("exp", x), _f(1.0)))),
-      {"alpha": 1.0})
-unary("Selu", 1, lambda x, alpha, gamma: call("mul", _f(gamma), call(
-    "where", call("le", x, _f(0.0)), call("mul", _f(alpha), call("sub", call("exp", x), _f(1.0))), x)),
+def _exp_minus_one(x: Expr) -> Expr:
+    return call("sub", call("exp", x), float_const(1.0))
+
+
+unary("LeakyRelu", 1, lambda x, alpha: _where_neg(x, call("mul", float_const(alpha), x)), {"alpha": 0.01})
+unary("Elu", 1, lambda x, alpha: _where_neg(x, call("mul", float_const(alpha), _exp_minus_one(x))), {"alpha": 1.0})
+unary("Selu", 1, lambda x, alpha, gamma: call("mul", float_const(gamma), call(
+    "where", call("le", x, float_const(0.0)), call("mul", float_const(alpha), _exp_minus_one(x)), x)),
     {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875})
-unary("Celu", 12, lambda x, alpha: call("add", call("max", _f(0.0), x), call(
-    "min", _f(0.0), call("mul", _f(alpha), call("sub", call("exp", call("div", x, _f(alpha))), _f(1.0))))),
+unary("Celu", 12, lambda x, alpha: call("add", call("max", float_const(0.0), x), call(
+    "min", float_const(0.0), call("mul", float_const(alpha), _exp_minus_one(call("div", x, float_const(alpha)))))),
     {"alpha": 1.0})
-unary("HardSigmoid", 1, lambda x, alpha, beta: call("max", _f(0.0), call(
-    "min", _f(1.0), call("add", call("mul", _f(alpha), x), _f(beta)))), {"alpha": 0.2, "beta": 0.5})
-unary("HardSwish", 14, lambda x: call("mul", x, call("max", _f(0.0), call(
-    "min", _f(1.0), call("add", call("mul", _f(1.0 / 6.0), x), _f(0.5))))))
-unary("ThresholdedRelu", 10, lambda x, alpha: call("where", call("gt", x, _f(alpha)), x, _f(0.0)), {"alpha": 1.0})
+unary("HardSigmoid", 1, lambda x, alpha, beta: call("max", float_const(0.0), call(
+    "min", float_const(1.0), call("add", call("mul", float_const(alpha), x), float_const(beta)))),
+    {"alpha": 0.2, "beta": 0.5})
+unary("HardSwish", 14, lambda x: call("mul", x, call("max", float_const(0.0), call(
+    "min", float_const(1.0), call("add", call("mul", float_const(1.0 / 6.0), x), float_const(0.5))))))
+unary("ThresholdedRelu", 10, lambda x, alpha: call("where", call("gt", x, float_const(alpha)), x, float_const(0.0)),
+      {"alpha": 1.0})
 unary("Silu", 1, lambda x: call("mul", x, call("sigmoid", x)), domain="ai.ember")  # ai.ember.Silu: see onnx/optimize.py
 unary("Mish", 18, lambda x: call("mul", x, call("tanh", call("softplus", x))))
-unary("Shrink", 9, lambda x, bias, lambd: call("where", call("lt", x, _f(-lambd)), call("add", x, _f(bias)), call(
-    "where", call("gt", x, _f(lambd)), call("sub", x, _f(bias)), _f(0.0))), {"bias": 0.0, "lambd": 0.5})
+unary("Shrink", 9, lambda x, bias, lambd: call(
+    "where", call("lt", x, float_const(-lambd)), call("add", x, float_const(bias)),
+    call("where", call("gt", x, float_const(lambd)), call("sub", x, float_const(bias)), float_const(0.0))),
+    {"bias": 0.0, "lambd": 0.5})
+
+
+@register("Swish", 24)
+class Swish(Op):
+    attrs = {"alpha": 1.0}
+
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
+        e = call("mul", inp(0), call("sigmoid", call("mul", float_const(self.attr["alpha"]), inp(0))))
+        return [emit(ctx, self, e, [x], x.dtype)]
 
 
 @register("IsNaN", 9)
 class IsNaN(Op):
     f16 = True
-    def run(self, ctx: Context, x: T) -> list[T]:
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
         return [emit(ctx, self, call("isnan", inp(0)), [x], np.dtype(bool))]
 
 
@@ -177,8 +193,8 @@ class IsInf(Op):
     f16 = True
     attrs = {"detect_negative": 1, "detect_positive": 1}
 
-    def run(self, ctx: Context, x: T) -> list[T]:
-        neg, pos = self.a["detect_negative"], self.a["detect_positive"]
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
+        neg, pos = self.attr["detect_negative"], self.attr["detect_positive"]
         fn = "isinf" if neg and pos else "isposinf" if pos else "isneginf" if neg else None
         expr = call(fn, inp(0)) if fn else const(False, BOOL)
         return [emit(ctx, self, expr, [x], np.dtype(bool))]
@@ -186,7 +202,7 @@ class IsInf(Op):
 
 @register("Not", 1)
 class Not(Op):
-    def run(self, ctx: Context, x: T) -> list[T]:
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
         return [emit(ctx, self, call("not", inp(0, BOOL)), [x], np.dtype(bool))]
 
 
@@ -196,31 +212,29 @@ class Binary(Op):
     result_bool = False
     attrs = {"broadcast": 0, "axis": None}
 
-    def run(self, ctx: Context, a: T, b: T) -> list[T]:
+    def run(self, ctx: Context, a: Tensor, b: Tensor) -> list[Tensor]:
         if a.dtype != b.dtype:
             raise self.fail(f"operand dtypes differ: {a.dtype} and {b.dtype}")
-        if self.a["broadcast"] and self.a["axis"] is not None:
+        if self.attr["broadcast"] and self.attr["axis"] is not None:
             # Before opset 7, B broadcasts from `axis` of A rather than from the right.
-            from .shape import reshape_view
-
-            axis = self.a["axis"] % a.rank
+            axis = self.attr["axis"] % a.rank
             b = reshape_view(ctx, b, b.shape + (1,) * (a.rank - axis - b.rank))
         out_dtype = np.dtype(bool) if self.result_bool else a.dtype
         return [emit(ctx, self, call(self.fn, *args([a, b])), [a, b], out_dtype)]
 
 
-for _name, _fn, _since in [("Add", "add", 1), ("Sub", "sub", 1), ("Mul", "mul", 1), ("Div", "div", 1)]:
-    register(_name, _since)(type(_name, (Binary,), {"fn": _fn}))
-for _name, _fn, _since in [("Equal", "eq", 7), ("Less", "lt", 7), ("Greater", "gt", 7),
+for _name, _function, _since in [("Add", "add", 1), ("Sub", "sub", 1), ("Mul", "mul", 1), ("Div", "div", 1)]:
+    register(_name, _since)(type(_name, (Binary,), {"fn": _function}))
+for _name, _function, _since in [("Equal", "eq", 7), ("Less", "lt", 7), ("Greater", "gt", 7),
                            ("LessOrEqual", "le", 12), ("GreaterOrEqual", "ge", 12), ("And", "and", 7),
                            ("Or", "or", 7), ("Xor", "xor", 7)]:
-    register(_name, _since)(type(_name, (Binary,), {"fn": _fn, "result_bool": True}))
+    register(_name, _since)(type(_name, (Binary,), {"fn": _function, "result_bool": True}))
 
 
 @register("Pow", 7)
 class Pow(Op):
     f16 = True
-    def run(self, ctx: Context, x: T, y: T) -> list[T]:
+    def run(self, ctx: Context, x: Tensor, y: Tensor) -> list[Tensor]:
         ex, ey = args([x, y])
         if kind_of(y.dtype) != kind_of(x.dtype):
             ey = call("to_float" if kind_of(x.dtype) == FLOAT else "to_int", ey)
@@ -232,15 +246,15 @@ class Mod(Op):
     f16 = True
     attrs = {"fmod": 0}
 
-    def run(self, ctx: Context, a: T, b: T) -> list[T]:
-        fn = "fmod" if self.a["fmod"] else "mod"
+    def run(self, ctx: Context, a: Tensor, b: Tensor) -> list[Tensor]:
+        fn = "fmod" if self.attr["fmod"] else "mod"
         return [emit(ctx, self, call(fn, *args([a, b])), [a, b], a.dtype)]
 
 
 @register("PRelu", 7)
 class PRelu(Op):
     f16 = True
-    def run(self, ctx: Context, x: T, slope: T) -> list[T]:
+    def run(self, ctx: Context, x: Tensor, slope: Tensor) -> list[Tensor]:
         ex, es = args([x, slope])
         return [emit(ctx, self, _where_neg(ex, call("mul", es, ex)), [x, slope], x.dtype)]
 
@@ -252,7 +266,7 @@ class Variadic(Op):
     fn: str
     mean = False
 
-    def run(self, ctx: Context, *xs: T) -> list[T]:
+    def run(self, ctx: Context, *xs: Tensor) -> list[Tensor]:
         ex = args(list(xs))
         acc = ex[0]
         for e in ex[1:]:
@@ -262,15 +276,15 @@ class Variadic(Op):
         return [emit(ctx, self, acc, list(xs), xs[0].dtype)]
 
 
-for _name, _fn, _mean in [("Max", "max", False), ("Min", "min", False), ("Sum", "add", False),
+for _name, _function, _mean in [("Max", "max", False), ("Min", "min", False), ("Sum", "add", False),
                           ("Mean", "add", True)]:
-    register(_name, 1)(type(_name, (Variadic,), {"fn": _fn, "mean": _mean}))
+    register(_name, 1)(type(_name, (Variadic,), {"fn": _function, "mean": _mean}))
 
 
 @register("Where", 9)
 class Where(Op):
     f16 = True
-    def run(self, ctx: Context, c: T, x: T, y: T) -> list[T]:
+    def run(self, ctx: Context, c: Tensor, x: Tensor, y: Tensor) -> list[Tensor]:
         return [emit(ctx, self, call("where", *args([c, x, y])), [c, x, y], x.dtype)]
 
 
@@ -279,12 +293,12 @@ class Clip(Op):
     f16 = True
     attrs = {"min": -math.inf, "max": math.inf}
 
-    def run(self, ctx: Context, x: T, lo: T | None = None, hi: T | None = None) -> list[T]:
+    def run(self, ctx: Context, x: Tensor, lo: Tensor | None = None, hi: Tensor | None = None) -> list[Tensor]:
         k = kind_of(x.dtype)
         e = inp(0, k)
         inputs = [x]
         if self.node.opset < 11:
-            lo_v, hi_v = self.a["min"], self.a["max"]
+            lo_v, hi_v = self.attr["min"], self.attr["max"]
             if lo_v != -math.inf:
                 e = call("max", e, const(lo_v, k))
             if hi_v != math.inf:
@@ -312,13 +326,11 @@ def cast_expr(e: Expr, to: np.dtype) -> Expr:
 class Cast(Op):
     attrs = {"to": 1, "saturate": 1, "round_mode": "up"}
 
-    def run(self, ctx: Context, x: T) -> list[T]:
-        from onnx import helper
-
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
         try:
-            to = np.dtype(helper.tensor_dtype_to_np_dtype(self.a["to"]))
+            to = np.dtype(helper.tensor_dtype_to_np_dtype(self.attr["to"]))
         except Exception:
-            raise self.fail(f"cast to ONNX type {self.a['to']} is not supported") from None
+            raise self.fail(f"cast to ONNX type {self.attr['to']} is not supported") from None
         if to.kind not in "fiub" or x.dtype.kind not in "fiub":
             raise self.fail(f"cast {x.dtype} -> {to} is not supported")
         if x.dtype == to:
@@ -330,7 +342,7 @@ class Cast(Op):
 class CastLike(Op):
     attrs = {"saturate": 1, "round_mode": "up"}
 
-    def run(self, ctx: Context, x: T, like: T) -> list[T]:
+    def run(self, ctx: Context, x: Tensor, like: Tensor) -> list[Tensor]:
         if x.dtype == like.dtype:
             return [x]
         return [emit(ctx, self, cast_expr(inp(0, kind_of(x.dtype)), like.dtype), [x], like.dtype)]
@@ -341,7 +353,7 @@ class Identity(Op):
     """Dropped: its output is its input (no step)."""
     f16 = True
 
-    def run(self, ctx: Context, x: T) -> list[T]:
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
         return [x]
 
 
@@ -354,7 +366,7 @@ class Dropout(Op):
 
     attrs = {"ratio": 0.5, "seed": 0, "is_test": 0, "consumed_inputs": []}
 
-    def run(self, ctx: Context, x: T, ratio: T | None = None, training: T | None = None) -> list[T]:
+    def run(self, ctx: Context, x: Tensor, ratio: Tensor | None = None, training: Tensor | None = None) -> list[Tensor]:
         if training is not None and (not training.is_const or bool(training.value)):
             raise self.fail("training-mode Dropout is not supported")
         outs = [x]

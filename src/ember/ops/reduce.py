@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.view import View
-from .base import Context, Op, T, register
+from .base import Context, Op, Tensor, register
 from .shape import host_ints, norm_axis, reshape_view
 
 
-def reduce_axes(ctx: Context, op: str, x: T, axes: list[int], out_dtype: np.dtype | None = None) -> T:
+def reduce_axes(ctx: Context, op: str, x: Tensor, axes: list[int], out_dtype: np.dtype | None = None) -> Tensor:
     """Reduce `axes` of x; the result has the kept dims only (no keepdims)."""
     keep = [i for i in range(x.rank) if i not in axes]
     out = ctx.new(out_dtype or x.dtype, [x.shape[i] for i in keep])
@@ -37,23 +37,23 @@ class Reduce(Op):
     fn: str
     axes_input_since: int = 18
 
-    def run(self, ctx: Context, x: T, axes_t: T | None = None) -> list[T]:
-        axes = host_ints(self, axes_t, "axes") if axes_t is not None else self.a["axes"]
+    def run(self, ctx: Context, x: Tensor, axes_t: Tensor | None = None) -> list[Tensor]:
+        axes = host_ints(self, axes_t, "axes") if axes_t is not None else self.attr["axes"]
         if not axes:
-            if self.a["noop_with_empty_axes"]:
+            if self.attr["noop_with_empty_axes"]:
                 return [x]
             axes = list(range(x.rank))
         axes = sorted({norm_axis(self, a, x.rank) for a in axes})
         out = reduce_axes(ctx, self.fn, x, axes)
-        if self.a["keepdims"]:
+        if self.attr["keepdims"]:
             out = reshape_view(ctx, out, tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
         return [out]
 
 
-for _name, _fn in [("ReduceSum", "sum"), ("ReduceMean", "mean"), ("ReduceMax", "max"), ("ReduceMin", "min"),
+for _name, _function in [("ReduceSum", "sum"), ("ReduceMean", "mean"), ("ReduceMax", "max"), ("ReduceMin", "min"),
                    ("ReduceProd", "prod"), ("ReduceL1", "l1"), ("ReduceL2", "l2"), ("ReduceLogSum", "logsum"),
                    ("ReduceLogSumExp", "logsumexp"), ("ReduceSumSquare", "sumsq")]:
-    register(_name, 1)(type(_name, (Reduce,), {"fn": _fn}))
+    register(_name, 1)(type(_name, (Reduce,), {"fn": _function}))
 
 
 class Arg(Op):
@@ -61,11 +61,11 @@ class Arg(Op):
     attrs = {"axis": 0, "keepdims": 1, "select_last_index": 0}
     fn: str
 
-    def run(self, ctx: Context, x: T) -> list[T]:
-        axis = norm_axis(self, self.a["axis"], x.rank)
-        fn = self.fn + ("_last" if self.a["select_last_index"] else "")
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
+        axis = norm_axis(self, self.attr["axis"], x.rank)
+        fn = self.fn + ("_last" if self.attr["select_last_index"] else "")
         out = reduce_axes(ctx, fn, x, [axis], np.dtype(np.int64))
-        if self.a["keepdims"]:
+        if self.attr["keepdims"]:
             out = reshape_view(ctx, out, tuple(1 if i == axis else d for i, d in enumerate(x.shape)))
         return [out]
 

@@ -1,46 +1,30 @@
 """Shape and layout ops. Most are views (no step): Reshape, Transpose, Slice, Split, Expand, Squeeze.
 
 A view is a new (shape, strides, offset) on the same allocation; kernels read strided inputs directly, and
-`Context.contiguous` copies only where a kernel needs dense data.
-"""
+`Context.contiguous` copies only where a kernel needs dense data."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from onnx import helper
 
-from ..core.expr import const, inp
+from ..core.dtypes import kind_of
+from ..core.expr import inp
 from ..core.view import View
-from .base import Context, Op, T, kind_of, register
+from .base import Context, Op, Tensor, host_ints, norm_axis, register
 
 
-def norm_axis(op: Op, axis: int, rank: int) -> int:
-    if not -rank <= axis < max(rank, 1):
-        raise ValueError(f"{op.node.describe()}: axis {axis} is out of range for rank {rank}")
-    return axis % rank if rank else 0
-
-
-def host_ints(op: Op, t: T | None, what: str) -> list[int] | None:
-    """Values of an input that must be known while planning (shape arithmetic runs on the host)."""
-    if t is None:
-        return None
-    if not t.is_const:
-        raise op.fail(f"the {what} input must be known when the plan is built (it is computed on the device)")
-    return [int(v) for v in np.asarray(t.value).reshape(-1)]
-
-
-def reshape_view(ctx: Context, x: T, shape: tuple[int, ...]) -> T:
+def reshape_view(ctx: Context, x: Tensor, shape: tuple[int, ...]) -> Tensor:
     if x.is_const:
         return ctx.const(x.value.reshape(shape))
     v = ctx.contiguous(x)
-    return T(x.dtype, tuple(shape), view=View.contiguous(v.handle, x.dtype, shape, v.offset))
+    return Tensor(x.dtype, tuple(shape), view=View.contiguous(v.handle, x.dtype, shape, v.offset))
 
 
-def strided(x: T, ctx: Context, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> T:
+def strided(x: Tensor, ctx: Context, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Tensor:
     v = ctx.view(x)
-    return T(x.dtype, shape, view=View(v.handle, x.dtype, shape, strides, offset))
+    return Tensor(x.dtype, shape, view=View(v.handle, x.dtype, shape, strides, offset))
 
 
 def copy_into(ctx: Context, src: View, dst: View) -> None:
@@ -54,11 +38,11 @@ class Reshape(Op):
     host_inputs = (1,)
     attrs = {"shape": None, "allowzero": 0}
 
-    def run(self, ctx: Context, x: T, shape: T | None = None) -> list[T]:
-        want = list(self.a["shape"]) if shape is None else host_ints(self, shape, "shape")
+    def run(self, ctx: Context, x: Tensor, shape: Tensor | None = None) -> list[Tensor]:
+        want = list(self.attr["shape"]) if shape is None else host_ints(self, shape, "shape")
         out = []
         for i, d in enumerate(want):
-            if d == 0 and not self.a["allowzero"]:
+            if d == 0 and not self.attr["allowzero"]:
                 if i >= x.rank:
                     raise ValueError(f"{self.node.describe()}: shape {want} copies dim {i} of a rank-{x.rank} input")
                 d = x.shape[i]
@@ -80,8 +64,8 @@ class Flatten(Op):
     f16 = True
     attrs = {"axis": 1}
 
-    def run(self, ctx: Context, x: T) -> list[T]:
-        axis = self.a["axis"]
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
+        axis = self.attr["axis"]
         axis = axis + x.rank if axis < 0 else axis
         return [reshape_view(ctx, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))]
 
@@ -91,13 +75,13 @@ class _Axes(Op):
     host_inputs = (1,)
     attrs = {"axes": None}
 
-    def axes(self, t: T | None) -> list[int] | None:
-        return host_ints(self, t, "axes") if t is not None else self.a["axes"]
+    def axes(self, t: Tensor | None) -> list[int] | None:
+        return host_ints(self, t, "axes") if t is not None else self.attr["axes"]
 
 
 @register("Squeeze", 1)
 class Squeeze(_Axes):
-    def run(self, ctx: Context, x: T, axes_t: T | None = None) -> list[T]:
+    def run(self, ctx: Context, x: Tensor, axes_t: Tensor | None = None) -> list[Tensor]:
         axes = self.axes(axes_t)
         if axes is None:
             axes = [i for i, d in enumerate(x.shape) if d == 1]
@@ -110,7 +94,7 @@ class Squeeze(_Axes):
 
 @register("Unsqueeze", 1)
 class Unsqueeze(_Axes):
-    def run(self, ctx: Context, x: T, axes_t: T | None = None) -> list[T]:
+    def run(self, ctx: Context, x: Tensor, axes_t: Tensor | None = None) -> list[Tensor]:
         axes = self.axes(axes_t) or []
         rank = x.rank + len(axes)
         axes = sorted(norm_axis(self, a, rank) for a in axes)
@@ -125,11 +109,11 @@ class Transpose(Op):
     f16 = True
     attrs = {"perm": None}
 
-    def run(self, ctx: Context, x: T) -> list[T]:
-        perm = self.a["perm"] or list(range(x.rank))[::-1]
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
+        perm = self.attr["perm"] or list(range(x.rank))[::-1]
         if sorted(perm) != list(range(x.rank)):
             raise ValueError(f"{self.node.describe()}: perm {perm} is not a permutation of {x.rank} axes")
-        return [T(x.dtype, tuple(x.shape[p] for p in perm), view=ctx.view(x).permute(perm))]
+        return [Tensor(x.dtype, tuple(x.shape[p] for p in perm), view=ctx.view(x).permute(perm))]
 
 
 @register("Concat", 1)
@@ -137,9 +121,9 @@ class Concat(Op):
     f16 = True
     attrs = {"axis": 1}
 
-    def run(self, ctx: Context, *xs: T) -> list[T]:
+    def run(self, ctx: Context, *xs: Tensor) -> list[Tensor]:
         xs = tuple(x for x in xs if x is not None)
-        axis = norm_axis(self, self.a["axis"], xs[0].rank)
+        axis = norm_axis(self, self.attr["axis"], xs[0].rank)
         for x in xs:
             if x.rank != xs[0].rank or any(d != e for i, (d, e) in enumerate(zip(x.shape, xs[0].shape, strict=True))
                                            if i != axis):
@@ -156,7 +140,7 @@ class Concat(Op):
         return [out]
 
 
-def slice_view(ctx: Context, x: T, axis: int, start: int, stop: int, step: int = 1) -> T:
+def slice_view(ctx: Context, x: Tensor, axis: int, start: int, stop: int, step: int = 1) -> Tensor:
     idx = range(*slice(start, stop, step).indices(x.shape[axis]))
     shape = list(x.shape)
     shape[axis] = len(idx)
@@ -168,7 +152,7 @@ def slice_view(ctx: Context, x: T, axis: int, start: int, stop: int, step: int =
     strides = list(v.strides)
     offset = v.offset + (idx.start * strides[axis] if len(idx) else 0)
     strides[axis] *= step
-    return T(x.dtype, tuple(shape), view=View(v.handle, x.dtype, tuple(shape), tuple(strides), offset))
+    return Tensor(x.dtype, tuple(shape), view=View(v.handle, x.dtype, tuple(shape), tuple(strides), offset))
 
 
 @register("Slice", 1)
@@ -177,10 +161,10 @@ class Slice(Op):
     host_inputs = (1, 2, 3, 4)
     attrs = {"starts": None, "ends": None, "axes": None}
 
-    def run(self, ctx: Context, x: T, starts: T | None = None, ends: T | None = None, axes: T | None = None,
-            steps: T | None = None) -> list[T]:
+    def run(self, ctx: Context, x: Tensor, starts: Tensor | None = None, ends: Tensor | None = None,
+            axes: Tensor | None = None, steps: Tensor | None = None) -> list[Tensor]:
         if self.node.opset < 10:
-            s, e, ax, st = self.a["starts"], self.a["ends"], self.a["axes"], None
+            s, e, ax, st = self.attr["starts"], self.attr["ends"], self.attr["axes"], None
         else:
             s, e = host_ints(self, starts, "starts"), host_ints(self, ends, "ends")
             ax, st = host_ints(self, axes, "axes"), host_ints(self, steps, "steps")
@@ -202,13 +186,13 @@ class Split(Op):
     host_inputs = (1,)
     attrs = {"axis": 0, "split": None, "num_outputs": None}
 
-    def run(self, ctx: Context, x: T, split: T | None = None) -> list[T]:
-        axis = norm_axis(self, self.a["axis"], x.rank)
-        sizes = host_ints(self, split, "split") if split is not None else self.a["split"]
+    def run(self, ctx: Context, x: Tensor, split: Tensor | None = None) -> list[Tensor]:
+        axis = norm_axis(self, self.attr["axis"], x.rank)
+        sizes = host_ints(self, split, "split") if split is not None else self.attr["split"]
         n = len(self.node.outputs)
         dim = x.shape[axis]
         if not sizes:
-            parts = self.a["num_outputs"] or n
+            parts = self.attr["num_outputs"] or n
             chunk = -(-dim // parts)
             sizes = [min(chunk, dim - i * chunk) for i in range(parts)]
         if sum(sizes) != dim:
@@ -224,20 +208,20 @@ class Split(Op):
 class Expand(Op):
     f16 = True
     host_inputs = (1,)
-    def run(self, ctx: Context, x: T, shape: T) -> list[T]:
+    def run(self, ctx: Context, x: Tensor, shape: Tensor) -> list[Tensor]:
         want = host_ints(self, shape, "shape")
         try:
             out = tuple(np.broadcast_shapes(x.shape, tuple(want)))
         except ValueError:
             raise ValueError(f"{self.node.describe()}: cannot expand {x.shape} to {want}") from None
-        return [T(x.dtype, out, view=ctx.view(x).broadcast_to(out))]
+        return [Tensor(x.dtype, out, view=ctx.view(x).broadcast_to(out))]
 
 
 @register("Tile", 6)
 class Tile(Op):
     f16 = True
     host_inputs = (1,)
-    def run(self, ctx: Context, x: T, repeats: T) -> list[T]:
+    def run(self, ctx: Context, x: Tensor, repeats: Tensor) -> list[Tensor]:
         reps = host_ints(self, repeats, "repeats")
         if len(reps) != x.rank:
             raise ValueError(f"{self.node.describe()}: {len(reps)} repeats for a rank-{x.rank} input")
@@ -250,131 +234,6 @@ class Tile(Op):
         return [out]
 
 
-@register("Pad", 1)
-class Pad(Op):
-    f16 = True
-    host_inputs = (1, 2, 3)
-    attrs = {"mode": "constant", "pads": None, "value": 0.0, "paddings": None}
-
-    def run(self, ctx: Context, x: T, pads: T | None = None, value: T | None = None, axes: T | None = None) -> list[T]:
-        mode = self.a["mode"]
-        if mode not in ("constant", "reflect", "edge", "wrap"):
-            raise self.fail(f"mode {mode!r} is not supported")
-        p = host_ints(self, pads, "pads") if pads is not None else (self.a["pads"] or self.a["paddings"])
-        fill = self.a["value"]
-        if value is not None:
-            if not value.is_const:
-                raise self.fail("the constant_value input must be known when the plan is built")
-            fill = value.value.reshape(-1)[0].item() if value.value.size else 0
-        ax = host_ints(self, axes, "axes") if axes is not None else list(range(x.rank))
-        ax = [norm_axis(self, a, x.rank) for a in ax]
-        before, after = [0] * x.rank, [0] * x.rank
-        for i, a in enumerate(ax):
-            before[a], after[a] = p[i], p[i + len(ax)]
-        shape = [d + b + e for d, b, e in zip(x.shape, before, after, strict=True)]
-        if any(d < 0 for d in shape):
-            raise ValueError(f"{self.node.describe()}: pads {p} crop more than the input {x.shape}")
-        if mode != "constant":
-            from .index import padded  # reflect/edge/wrap: one gather kernel, source indices computed
-
-            return [padded(ctx, x, mode, before, after)]
-        out = ctx.new(x.dtype, shape)
-        if out.size:
-            ctx.record(ctx.backend.record_elementwise(const(fill, kind_of(x.dtype)), [], out.view))
-            src = x
-            for a in range(x.rank):  # negative pads crop the input
-                if before[a] < 0 or after[a] < 0:
-                    src = slice_view(ctx, src, a, max(-before[a], 0), x.shape[a] - max(-after[a], 0))
-            offset = sum(max(b, 0) * s for b, s in zip(before, out.view.strides, strict=True))
-            copy_into(ctx, ctx.view(src), View(out.view.handle, x.dtype, src.shape, out.view.strides, offset))
-        return [out]
-
-
-@register("Shape", 1)
-class Shape(Op):
-    attrs = {"start": 0, "end": None}
-
-    def run(self, ctx: Context, x: T) -> list[T]:
-        return [ctx.const(np.array(x.shape[self.a["start"]:self.a["end"]], np.int64))]
-
-
-@register("Size", 1)
-class Size(Op):
-    def run(self, ctx: Context, x: T) -> list[T]:
-        return [ctx.const(np.array(x.size, np.int64))]
-
-
-@register("Constant", 1)
-class Constant(Op):
-    attrs = {"value": None, "value_float": None, "value_floats": None, "value_int": None, "value_ints": None,
-             "value_string": None, "value_strings": None, "sparse_value": None}
-
-    def run(self, ctx: Context) -> list[T]:
-        a = self.a
-        if a["value"] is not None:
-            return [ctx.const(a["value"])]
-        for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
-                           ("value_ints", np.int64)):
-            if a[key] is not None:
-                return [ctx.const(np.array(a[key], dtype))]
-        raise self.fail("only numeric Constant values are supported")
-
-
-@register("ConstantOfShape", 9)
-class ConstantOfShape(Op):
-    host_inputs = (0,)
-    attrs = {"value": None}
-
-    def run(self, ctx: Context, shape: T) -> list[T]:
-        dims = host_ints(self, shape, "shape")
-        val = self.a["value"] if self.a["value"] is not None else np.zeros(1, np.float32)
-        return [ctx.const(np.full(dims, val.reshape(-1)[0], val.dtype))]
-
-
-@register("Range", 11)
-class Range(Op):
-    host_inputs = (0, 1, 2)
-    def run(self, ctx: Context, start: T, limit: T, delta: T) -> list[T]:
-        for t, what in ((start, "start"), (limit, "limit"), (delta, "delta")):
-            if not t.is_const:
-                raise self.fail(f"the {what} input must be known when the plan is built")
-        s, lim, d = start.value.item(), limit.value.item(), delta.value.item()
-        n = max(int(math.ceil((lim - s) / d)), 0)
-        return [ctx.const((s + np.arange(n) * d).astype(start.dtype))]
-
-
-@register("EyeLike", 9)
-class EyeLike(Op):
-    attrs = {"dtype": None, "k": 0}
-
-    def run(self, ctx: Context, x: T) -> list[T]:
-        dt = helper.tensor_dtype_to_np_dtype(self.a["dtype"]) if self.a["dtype"] is not None else x.dtype
-        return [ctx.const(np.eye(x.shape[0], x.shape[1], self.a["k"], dtype=dt))]
-
-
-@register("Gather", 1)
-class Gather(Op):
-    f16 = True
-    attrs = {"axis": 0}
-
-    def run(self, ctx: Context, data: T, indices: T) -> list[T]:
-        axis = norm_axis(self, self.a["axis"], data.rank)
-        if indices.is_const:
-            idx = indices.value
-            bad = (idx < -data.shape[axis]) | (idx >= data.shape[axis])
-            if bad.any():
-                raise ValueError(f"{self.node.describe()}: index {idx[bad].reshape(-1)[0]} out of range for axis "
-                                 f"{axis} of size {data.shape[axis]}")
-            if idx.ndim == 0:  # a single index is a view: no kernel
-                out = slice_view(ctx, data, axis, int(idx) % data.shape[axis], int(idx) % data.shape[axis] + 1)
-                return [reshape_view(ctx, out, data.shape[:axis] + data.shape[axis + 1:])]
-        shape = data.shape[:axis] + indices.shape + data.shape[axis + 1:]
-        out = ctx.new(data.dtype, shape)
-        if out.size:
-            ctx.record(ctx.backend.record_gather(ctx.contiguous(data), ctx.contiguous(indices), axis, out.view))
-        return [out]
-
-
 class _SpaceDepth(Op):
     f16 = True
     attrs = {"blocksize": 1, "mode": "DCR"}
@@ -382,10 +241,10 @@ class _SpaceDepth(Op):
 
 @register("DepthToSpace", 1)
 class DepthToSpace(_SpaceDepth):
-    def run(self, ctx: Context, x: T) -> list[T]:
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
         n, c, h, w = x.shape
-        b = self.a["blocksize"]
-        if self.a["mode"] == "DCR":
+        b = self.attr["blocksize"]
+        if self.attr["mode"] == "DCR":
             tmp, perm = (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
         else:
             tmp, perm = (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
@@ -394,14 +253,15 @@ class DepthToSpace(_SpaceDepth):
 
 @register("SpaceToDepth", 1)
 class SpaceToDepth(_SpaceDepth):
-    def run(self, ctx: Context, x: T) -> list[T]:
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
         n, c, h, w = x.shape
-        b = self.a["blocksize"]
-        perm = (0, 3, 5, 1, 2, 4) if self.a["mode"] == "DCR" else (0, 1, 3, 5, 2, 4)
+        b = self.attr["blocksize"]
+        perm = (0, 3, 5, 1, 2, 4) if self.attr["mode"] == "DCR" else (0, 1, 3, 5, 2, 4)
         return [permute_copy(ctx, x, (n, c, h // b, b, w // b, b), perm, (n, c * b * b, h // b, w // b))]
 
 
-def permute_copy(ctx: Context, x: T, tmp: tuple[int, ...], perm: tuple[int, ...], final: tuple[int, ...]) -> T:
+def permute_copy(ctx: Context, x: Tensor, tmp: tuple[int, ...], perm: tuple[int, ...],
+                 final: tuple[int, ...]) -> Tensor:
     v = reshape_view(ctx, x, tmp)
-    t = T(x.dtype, tuple(tmp[p] for p in perm), view=ctx.view(v).permute(perm))
+    t = Tensor(x.dtype, tuple(tmp[p] for p in perm), view=ctx.view(v).permute(perm))
     return reshape_view(ctx, t, final)

@@ -13,13 +13,15 @@ import numpy as np
 
 from ..core.expr import call, const, inp
 from ..core.view import View
-from .base import Context, Op, T, register
+from .base import Context, Op, Tensor, declare_counters, norm_axis, register
 from .elementwise import emit
+from .normalization import normalize
 from .reduce import reduce_axes
-from .shape import norm_axis, reshape_view
+from .shape import copy_into, reshape_view
 
 EMBER = "ai.ember"
 PATTERNS = ("rmsnorm", "layernorm", "softmax", "gelu", "attention")
+declare_counters(*(f"{p}.{arm}" for p in PATTERNS for arm in ("fused", "fallback")), "attention.gemm")
 
 
 def fused_dtype(ctx: Context, dtype: np.dtype) -> bool:
@@ -27,15 +29,15 @@ def fused_dtype(ctx: Context, dtype: np.dtype) -> bool:
     return dtype == np.float32 or (dtype == np.float16 and ctx.backend.fused_f16)
 
 
-def _vector(ctx: Context, t: T | None, n: int) -> View | None:
+def _vector(ctx: Context, t: Tensor | None, n: int) -> View | None:
     """scale/bias as a View of n elements (the kernels take strided and stride-0 views), or None."""
     if t is None or t.size not in (1, n):
         return None
     return ctx.view(reshape_view(ctx, t, (t.size,))).broadcast_to((n,))
 
 
-def fused_norm(ctx: Context, op: Op, kind: str, x: T, axis: int, scale: T | None, bias: T | None,
-               eps: float) -> T | None:
+def fused_norm(ctx: Context, op: Op, kind: str, x: Tensor, axis: int, scale: Tensor | None, bias: Tensor | None,
+               eps: float) -> Tensor | None:
     """The fused row kernel when it applies (float32, normalising trailing dims, vector scale/bias)."""
     if not hasattr(ctx.backend, "record_norm") or not fused_dtype(ctx, x.dtype) or x.size == 0:
         return None
@@ -48,7 +50,7 @@ def fused_norm(ctx: Context, op: Op, kind: str, x: T, axis: int, scale: T | None
     return out
 
 
-def decomposed_rms(ctx: Context, op: Op, x: T, axes: list[int], eps: float, scale: T | None) -> T:
+def decomposed_rms(ctx: Context, op: Op, x: Tensor, axes: list[int], eps: float, scale: Tensor | None) -> Tensor:
     keep = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
     n = math.prod(x.shape[a] for a in axes)
     ss = reshape_view(ctx, reduce_axes(ctx, "sumsq", x, axes), keep)
@@ -63,18 +65,16 @@ class LayerNormalization(Op):
     f16 = True
     attrs = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
 
-    def run(self, ctx: Context, x: T, scale: T | None = None, bias: T | None = None) -> list[T]:
-        from .nn import normalize
-
-        axis = norm_axis(self, self.a["axis"], x.rank)
+    def run(self, ctx: Context, x: Tensor, scale: Tensor | None = None, bias: Tensor | None = None) -> list[Tensor]:
+        axis = norm_axis(self, self.attr["axis"], x.rank)
         wants_stats = len([o for o in self.node.outputs if o]) > 1
         if not wants_stats:
-            y = fused_norm(ctx, self, "layernorm", x, axis, scale, bias, self.a["epsilon"])
+            y = fused_norm(ctx, self, "layernorm", x, axis, scale, bias, self.attr["epsilon"])
             if y is not None:
                 ctx.count("layernorm.fused")
                 return [y]
         ctx.count("layernorm.fallback")
-        y, mean, inv = normalize(ctx, self, x, list(range(axis, x.rank)), self.a["epsilon"], stats=True)
+        y, mean, inv = normalize(ctx, self, x, list(range(axis, x.rank)), self.attr["epsilon"], stats=True)
         ins = [y] + [t for t in (scale, bias) if t is not None]
         e = inp(0)
         if scale is not None:
@@ -92,14 +92,14 @@ class RMSNormalization(Op):
     f16 = True
     attrs = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
 
-    def run(self, ctx: Context, x: T, scale: T | None = None) -> list[T]:
-        axis = norm_axis(self, self.a["axis"], x.rank)
-        y = fused_norm(ctx, self, "rmsnorm", x, axis, scale, None, self.a["epsilon"])
+    def run(self, ctx: Context, x: Tensor, scale: Tensor | None = None) -> list[Tensor]:
+        axis = norm_axis(self, self.attr["axis"], x.rank)
+        y = fused_norm(ctx, self, "rmsnorm", x, axis, scale, None, self.attr["epsilon"])
         if y is not None:
             ctx.count("rmsnorm.fused")
             return [y]
         ctx.count("rmsnorm.fallback")
-        return [decomposed_rms(ctx, self, x, list(range(axis, x.rank)), self.a["epsilon"], scale)]
+        return [decomposed_rms(ctx, self, x, list(range(axis, x.rank)), self.attr["epsilon"], scale)]
 
 
 register("RMSNorm", 1, EMBER)(type("RMSNorm", (RMSNormalization,), {}))
@@ -112,8 +112,8 @@ class Gelu(Op):
 
     attrs = {"approximate": "none"}
 
-    def run(self, ctx: Context, x: T) -> list[T]:
-        fn = "gelu_tanh" if self.a["approximate"] == "tanh" else "gelu"
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
+        fn = "gelu_tanh" if self.attr["approximate"] == "tanh" else "gelu"
         ctx.count("gelu.fused")
         return [emit(ctx, self, call(fn, inp(0)), [x], x.dtype)]
 
@@ -121,7 +121,7 @@ class Gelu(Op):
 register("Gelu", 1, EMBER)(type("GeluEmber", (Gelu,), {}))
 
 
-def softmax(ctx: Context, op: Op, x: T, axis: int, log: bool, legacy: bool = False) -> T:
+def softmax(ctx: Context, op: Op, x: Tensor, axis: int, log: bool, legacy: bool = False) -> Tensor:
     """(Log)Softmax over `axis` (legacy: over all dims from `axis`, as opset < 13 coerces to 2-D)."""
     if legacy:
         x2 = reshape_view(ctx, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
@@ -129,12 +129,12 @@ def softmax(ctx: Context, op: Op, x: T, axis: int, log: bool, legacy: bool = Fal
     if hasattr(ctx.backend, "record_softmax") and fused_dtype(ctx, x.dtype) and x.size:
         ctx.count("softmax.fused")
         perm = [i for i in range(x.rank) if i != axis] + [axis]
-        moved = T(x.dtype, tuple(x.shape[p] for p in perm), view=ctx.view(x).permute(perm))
+        moved = Tensor(x.dtype, tuple(x.shape[p] for p in perm), view=ctx.view(x).permute(perm))
         src = ctx.contiguous(moved)
         out = ctx.new(x.dtype, moved.shape)
         ctx.record(ctx.backend.record_softmax(src, out.view, x.shape[axis], log))
         inv = list(np.argsort(perm))
-        return T(x.dtype, x.shape, view=out.view.permute(inv))
+        return Tensor(x.dtype, x.shape, view=out.view.permute(inv))
     ctx.count("softmax.fallback")
     shape3 = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
     x3 = reshape_view(ctx, x, shape3)
@@ -154,9 +154,9 @@ class SoftmaxBase(Op):
     attrs = {"axis": None}
     log = False
 
-    def run(self, ctx: Context, x: T) -> list[T]:
+    def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
         legacy = self.node.opset < 13
-        axis = self.a["axis"]
+        axis = self.attr["axis"]
         axis = norm_axis(self, (1 if legacy else -1) if axis is None else axis, x.rank)
         return [softmax(ctx, self, x, axis, self.log, legacy)]
 
@@ -165,26 +165,27 @@ register("Softmax", 1)(type("Softmax", (SoftmaxBase,), {}))
 register("LogSoftmax", 1)(type("LogSoftmax", (SoftmaxBase,), {"log": True}))
 
 
-# Where the flash kernel stops paying (H200, bench/bench_attention.py, 2026-11-30; GPU time per run):
-# - prefill: GEMM + fused softmax + GEMM took 0.19 vs 0.23 ms at 1 x 12 x 1024 x 64, 0.36 vs 0.63 ms at
-#   4 x 16 x 512 x 128 and 2.5 vs 4.5 ms at 1 x 32 x 2048 x 128 (the flash kernel's fp32 inner loops reach
-#   ~11-13 TFLOP/s, the tiled GEMMs ~30); at 8 x 12 x 128 x 64 the flash kernel wins (0.037 vs 0.050 ms:
-#   fewer launches, no S x S buffer);
-# - decoding (one query row): the flash kernel has one workgroup per (batch, head) walking the whole cache,
-#   the GEMMs spread it over the GPU: 0.16 vs 0.59 ms at 1 x 32 heads x 4096 keys x 128, 0.22 vs 0.30 at
-#   4 x 32 x 2048 x 128, 0.058 vs 0.49 at 1 x 8 x 8192 x 64 (PyTorch SDPA: 0.40 / 0.21 / 0.82).
+# Where the flash kernel stops paying (bench/bench_attention.py measures it; BENCHMARKS.md has the figures):
+# - prefill: past these sizes GEMM + fused softmax + GEMM is faster, the tiled GEMMs reaching a larger share of
+#   the GPU than the flash kernel's fp32 inner loops; below them the flash kernel wins (fewer launches, no S x S
+#   buffer);
+# - decoding (one query row): the flash kernel has one workgroup per (batch, head) walking the whole cache, the
+#   GEMMs spread a long cache over the GPU.
 FLASH_MAX_SCORES = 512 * 512 - 1  # scores per (batch, head)
 FLASH_MAX_KEYS = 1023
 GEMM_SCORES_MAX_BYTES = 1 << 30  # the S x S scores buffer the GEMM route may allocate
 
 
 def flash_pays(b: int, hq: int, sq: int, skv: int, itemsize: int) -> bool:
+    """Whether attention over (b, hq heads, sq queries, skv keys) takes the flash kernel: short sequences, or a
+    scores buffer too large for the GEMM route."""
     if sq * skv <= FLASH_MAX_SCORES and skv <= FLASH_MAX_KEYS:
         return True
     return b * hq * sq * skv * itemsize > GEMM_SCORES_MAX_BYTES
 
 
-def attention(ctx: Context, op: Op, q: T, k: T, v: T, mask: T | None, scale: float, causal: bool) -> T:
+def attention(ctx: Context, op: Op, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
+              causal: bool) -> Tensor:
     """softmax(scale * q @ kᵀ + mask) @ v over (B, H, S, D) tensors, k/v possibly with fewer heads (GQA).
 
     The fused flash-style kernel for short sequences (counted "attention.fused"); for long ones the scores as
@@ -219,27 +220,27 @@ def attention(ctx: Context, op: Op, q: T, k: T, v: T, mask: T | None, scale: flo
     if rep > 1:  # each kv head serves `rep` query heads: a broadcast view, no copy
         kv_ = View(kv_.handle, kv_.dtype, (b, hkv, rep, skv, d), kv_.strides[:2] + (0,) + kv_.strides[2:], kv_.offset)
         vv_ = View(vv_.handle, vv_.dtype, (b, hkv, rep, skv, dv), vv_.strides[:2] + (0,) + vv_.strides[2:], vv_.offset)
-        kt = ctx.contiguous(T(k.dtype, kv_.shape, view=kv_)).merged((b, hq, skv, d))
-        vt = ctx.contiguous(T(v.dtype, vv_.shape, view=vv_)).merged((b, hq, skv, dv))
+        kt = ctx.contiguous(Tensor(k.dtype, kv_.shape, view=kv_)).merged((b, hq, skv, d))
+        vt = ctx.contiguous(Tensor(v.dtype, vv_.shape, view=vv_)).merged((b, hq, skv, dv))
         kv_, vv_ = kt, vt
     qv = ctx.view(q)
     scores = ctx.new(q.dtype, (b, hq, sq, skv))
-    q3 = ctx.contiguous(T(q.dtype, q.shape, view=qv)).merged((b * hq, sq, d))
-    k3 = ctx.contiguous(T(k.dtype, kv_.shape, view=kv_)).merged((b * hq, skv, d))
+    q3 = ctx.contiguous(Tensor(q.dtype, q.shape, view=qv)).merged((b * hq, sq, d))
+    k3 = ctx.contiguous(Tensor(k.dtype, kv_.shape, view=kv_)).merged((b * hq, skv, d))
     additive = None
     if causal:
         i = np.arange(sq)[:, None]
         j = np.arange(skv)[None, :]
         additive = ctx.const(np.where(j <= i + (skv - sq), 0.0, -np.inf).astype(q.dtype))
     if mask is not None:
-        mt = T(mask.dtype, (b, hq, sq, skv), view=mview)
+        mt = Tensor(mask.dtype, (b, hq, sq, skv), view=mview)
         additive = mt if additive is None else emit(ctx, op, call("add", inp(0), inp(1)), [mt, additive], q.dtype)
     bias = None
     if gemm and additive is not None:
         # The mask rides in the scores GEMM's epilogue (scale * q kᵀ + mask): no extra pass over S x S.
         bias = ctx.view(additive).broadcast_to((b, hq, sq, skv)).merged((b * hq, sq, skv))
         if bias is None:
-            bias = ctx.contiguous(T(q.dtype, (b, hq, sq, skv),
+            bias = ctx.contiguous(Tensor(q.dtype, (b, hq, sq, skv),
                                     view=ctx.view(additive).broadcast_to((b, hq, sq, skv)))).merged((b * hq, sq, skv))
     ctx.record(ctx.backend.record_matmul(q3, k3.permute((0, 2, 1)), scores.view.merged((b * hq, sq, skv)),
                                          alpha=float(scale), bias=bias))
@@ -250,7 +251,7 @@ def attention(ctx: Context, op: Op, q: T, k: T, v: T, mask: T | None, scale: flo
     if mask is not None or (causal and sq > skv):
         # A row that sees no key gives zeros (softmax of all -inf is NaN): the fused kernel's rule.
         p = emit(ctx, op, call("where", call("isnan", inp(0)), const(0.0), inp(0)), [p], q.dtype)
-    v3 = ctx.contiguous(T(v.dtype, vv_.shape, view=vv_)).merged((b * hq, skv, dv))
+    v3 = ctx.contiguous(Tensor(v.dtype, vv_.shape, view=vv_)).merged((b * hq, skv, dv))
     p3 = ctx.contiguous(p).merged((b * hq, sq, skv))
     ctx.record(ctx.backend.record_matmul(p3, v3, out.view.merged((b * hq, sq, dv))))
     return out
@@ -263,7 +264,7 @@ class EmberAttention(Op):
 
     attrs = {"scale": 1.0}
 
-    def run(self, ctx: Context, q: T, kt: T, v: T, mask: T | None = None) -> list[T]:
+    def run(self, ctx: Context, q: Tensor, kt: Tensor, v: Tensor, mask: Tensor | None = None) -> list[Tensor]:
         if q.rank != 4 or kt.rank != 4 or v.rank != 4:
             lead = q.shape[:-2]
             q4 = reshape_view(ctx, q, (1, math.prod(lead), *q.shape[-2:]))
@@ -272,13 +273,14 @@ class EmberAttention(Op):
             m4 = None
             if mask is not None:
                 full = (*lead, q.shape[-2], kt.shape[-1])
-                m4 = T(mask.dtype, full, view=ctx.view(mask).broadcast_to(full))
-                m4 = reshape_view(ctx, T(mask.dtype, full, view=ctx.contiguous(m4)),
+                m4 = Tensor(mask.dtype, full, view=ctx.view(mask).broadcast_to(full))
+                m4 = reshape_view(ctx, Tensor(mask.dtype, full, view=ctx.contiguous(m4)),
                                   (1, math.prod(lead), q.shape[-2], kt.shape[-1]))
             out = self.run(ctx, q4, kt4, v4, m4)[0]
             return [reshape_view(ctx, out, (*lead, q.shape[-2], v.shape[-1]))]
-        k = T(kt.dtype, (kt.shape[0], kt.shape[1], kt.shape[3], kt.shape[2]), view=ctx.view(kt).permute((0, 1, 3, 2)))
-        return [attention(ctx, self, q, k, v, mask, self.a["scale"], False)]
+        k = Tensor(kt.dtype, (kt.shape[0], kt.shape[1], kt.shape[3], kt.shape[2]),
+                   view=ctx.view(kt).permute((0, 1, 3, 2)))
+        return [attention(ctx, self, q, k, v, mask, self.attr["scale"], False)]
 
 
 @register("Attention", 23)
@@ -290,28 +292,28 @@ class Attention(Op):
     attrs = {"is_causal": 0, "kv_num_heads": None, "q_num_heads": None, "qk_matmul_output_mode": 0, "scale": None,
              "softcap": 0.0, "softmax_precision": None}
 
-    def run(self, ctx: Context, q: T, k: T, v: T, mask: T | None = None, past_k: T | None = None,
-            past_v: T | None = None, *rest: T | None) -> list[T]:
+    def run(self, ctx: Context, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+            past_k: Tensor | None = None, past_v: Tensor | None = None, *rest: Tensor | None) -> list[Tensor]:
         outs = [o for o in self.node.outputs]
         if len(outs) > 3 and outs[3]:
             raise self.fail("the qk_matmul_output output is not supported")
-        if self.a["softcap"]:
+        if self.attr["softcap"]:
             raise self.fail("softcap is not supported")
         if any(r is not None for r in rest):
             raise self.fail("nonpad_kv_seqlen is not supported")
         three_d = q.rank == 3
         if three_d:
-            hq, hkv = self.a["q_num_heads"], self.a["kv_num_heads"]
+            hq, hkv = self.attr["q_num_heads"], self.attr["kv_num_heads"]
             q = self._heads(ctx, q, hq)
             k, v = self._heads(ctx, k, hkv), self._heads(ctx, v, hkv)
         past = past_k.shape[2] if past_k is not None else 0
         if past_k is not None:
             k = self._concat(ctx, past_k, k)
             v = self._concat(ctx, past_v, v)
-        scale = self.a["scale"] if self.a["scale"] is not None else 1.0 / math.sqrt(q.shape[3])
+        scale = self.attr["scale"] if self.attr["scale"] is not None else 1.0 / math.sqrt(q.shape[3])
         if mask is not None and mask.shape[-1] < k.shape[2]:  # a mask shorter than the keys pads with -inf
             raise self.fail("an attention mask shorter than the key sequence is not supported")
-        causal = bool(self.a["is_causal"])
+        causal = bool(self.attr["is_causal"])
         sq, skv = q.shape[2], k.shape[2]
         if causal and past != skv - sq:
             # ONNX aligns the causal frontier at the past length (top-left without a cache); the kernel's flag
@@ -326,22 +328,20 @@ class Attention(Op):
         y = attention(ctx, self, q, k, v, mask, scale, causal)
         if three_d:
             b, h, s, dv = y.shape
-            moved = T(y.dtype, (b, s, h, dv), view=ctx.view(y).permute((0, 2, 1, 3)))
+            moved = Tensor(y.dtype, (b, s, h, dv), view=ctx.view(y).permute((0, 2, 1, 3)))
             y = reshape_view(ctx, moved, (b, s, h * dv))
         result = [y]
         if len(outs) > 1 and outs[1]:
             result += [k, v]
         return result
 
-    def _heads(self, ctx: Context, t: T, heads: int) -> T:
+    def _heads(self, ctx: Context, t: Tensor, heads: int) -> Tensor:
         b, s, hd = t.shape
         split = reshape_view(ctx, t, (b, s, heads, hd // heads))
-        return T(t.dtype, (b, heads, s, hd // heads), view=ctx.view(split).permute((0, 2, 1, 3)))
+        return Tensor(t.dtype, (b, heads, s, hd // heads), view=ctx.view(split).permute((0, 2, 1, 3)))
 
-    def _concat(self, ctx: Context, past: T, new: T) -> T:
+    def _concat(self, ctx: Context, past: Tensor, new: Tensor) -> Tensor:
         """past ++ new along the sequence axis (the present key/value)."""
-        from .shape import copy_into
-
         shape = past.shape[:2] + (past.shape[2] + new.shape[2],) + past.shape[3:]
         out = ctx.new(new.dtype, shape)
         st = out.view.strides

@@ -1,5 +1,12 @@
-"""Static execution plans: built once per input-shape signature, replayed per run."""
+"""Static execution plans: built once per input-shape signature, replayed per run.
 
-from .planner import Plan, build_plan
+Public API: `build_plan` and `Plan`; `fold(op, inputs)`, constant folding (an op run on host values);
+`host_value_inputs(graph)`, the graph inputs a plan is specialised on the values of; `COUNTERS`, every counter a
+plan may count in `Plan.counters` (declared by the ops that count them, and by the planner).
+"""
 
-__all__ = ["Plan", "build_plan"]
+from ..ops import COUNTERS
+from .folding import fold
+from .planner import Plan, build_plan, host_value_inputs
+
+__all__ = ["COUNTERS", "Plan", "build_plan", "fold", "host_value_inputs"]

@@ -1,51 +1,44 @@
 """Compile a graph into a static plan for one input-shape signature, and replay it.
 
-Planning walks the nodes once: a node whose inputs are all known on the host is folded (run on the cpu
-backend right away, so Shape->Gather->Concat chains over static shapes vanish); every other node records
+Planning walks the nodes once: a node whose inputs are all known on the host is folded (folding.py: run on the
+cpu backend right away, so Shape->Gather->Concat chains over static shapes vanish); every other node records
 its steps on the target backend. A run is then: write the inputs, execute the recorded steps (one submit
 on wgpu), read back the outputs.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
 from ..backends.base import ComputeBackend
-from ..backends.cpu import CpuBackend
 from ..core.dtypes import kind_of
 from ..core.expr import inp
 from ..core.view import View
 from ..device_array import DeviceArray
 from ..ir import Graph
-from ..ops import Context, T, UnsupportedError, lookup
+from ..ops import Context, Tensor, UnsupportedError, declare_counters, lookup
 from ..ops.base import referenced_handles
 from ..ops.elementwise import emit
-
-_FOLD = threading.local()
-
-
-def fold_backend() -> CpuBackend:
-    be = getattr(_FOLD, "backend", None)
-    if be is None:
-        be = _FOLD.backend = CpuBackend().init()
-    return be
+from .folding import fold
 
 
 class Plan:
-    def __init__(self, backend: ComputeBackend, ctx: Context, inputs: list[tuple[str, T]],
-                 outputs: list[tuple[str, T]]) -> None:
+    def __init__(self, backend: ComputeBackend, ctx: Context, inputs: list[tuple[str, Tensor]],
+                 outputs: list[tuple[str, Tensor]]) -> None:
         self.backend = backend
         self.steps = ctx.steps
         self.labels = ctx.labels
         self.handles = ctx.handles
         self.inputs = inputs
         self.outputs = outputs
-        self.stats = dict(ctx.stats)
+        # What the ops counted while planning (Context.count; the keys ember.ops.COUNTERS declares): each occurs
+        # once per run of this plan.
+        self.counters = dict(ctx.counters)
+        self.stats = dict(ctx.counters)  # the counters and facts others add about this plan (plan_info shows them)
         self._readback: tuple[Any, list, dict] | None = None  # prepared steps + output copies, readers
-        self._writers: list[tuple[str, T, Any]] | None = None
+        self._writers: list[tuple[str, Tensor, Any]] | None = None
         # Memory report: what the intermediates take with reuse, next to the sum of all of them.
         self.intermediate_bytes = ctx.intermediate_bytes
         self.intermediate_bytes_without_reuse = ctx.requested_bytes
@@ -118,27 +111,6 @@ class Plan:
         self.handles = []
 
 
-def _fold(op: Any, inputs: list[T | None]) -> list[T]:
-    be = fold_backend()
-    ctx = Context(be)
-    try:
-        outs = op.run(ctx, *inputs)
-        for t in outs:
-            if t is not None and t.lazy is not None:
-                ctx.view(t)
-        be.execute(ctx.steps)
-        result = []
-        for t in outs:
-            if t is None or t.view is None:
-                result.append(t)
-            else:
-                result.append(T(t.dtype, t.shape, value=be.download(t.view)))
-        return result
-    finally:
-        for h in ctx.handles:
-            be.free(h)
-
-
 def host_value_inputs(graph: Graph) -> set[str]:
     """Graph inputs whose values an op needs while planning (a Reshape's shape fed by the user, say).
 
@@ -169,6 +141,9 @@ F32 = np.dtype(np.float32)
 F16_MAX = float(np.finfo(np.float16).max)
 
 
+declare_counters("f16.nodes", "f16.nodes_in_f32")  # _Precision.inputs
+
+
 class _Precision:
     """precision="f16": float32 data goes to float16 at the input of every op whose kernels store f16
     (`Op.f16`), and an op without f16 kernels gets float32 inputs back; both conversions are lazy
@@ -179,9 +154,9 @@ class _Precision:
         self.ctx = ctx
         # (id of the source, dtype) -> (source, converted): a weight, or a computed tensor several nodes read
         # (an attention mask read by every layer), is converted once; the source is held so its id stays unique.
-        self.done: dict[tuple[int, str], tuple[T, T]] = {}
+        self.done: dict[tuple[int, str], tuple[Tensor, Tensor]] = {}
 
-    def convert(self, op: Any, t: T | None, dtype: np.dtype) -> T | None:
+    def convert(self, op: Any, t: Tensor | None, dtype: np.dtype) -> Tensor | None:
         if t is None or t.dtype.kind != "f" or t.dtype == dtype or t.dtype.itemsize > 4:
             return t
         key = (id(t), dtype.str)
@@ -198,7 +173,7 @@ class _Precision:
                 # Saturate, as ONNX's float16 converters do: an exported mask constant such as float32's lowest
                 # value would become -inf, and 0 * -inf = NaN where the model meant 0.
                 value = np.where(np.isfinite(value), np.clip(value, -F16_MAX, F16_MAX), value)
-            out = T(dtype, t.shape, value=value.astype(dtype))
+            out = Tensor(dtype, t.shape, value=value.astype(dtype))
         else:
             # Pinned: the copy outlives the node that made it, and the liveness walk only sees graph values.
             out = self.ctx.new(dtype, t.shape, pinned=True)
@@ -207,7 +182,7 @@ class _Precision:
         self.done[key] = (t, out)
         return out
 
-    def inputs(self, op: Any, ins: list[T | None]) -> list[T | None]:
+    def inputs(self, op: Any, ins: list[Tensor | None]) -> list[Tensor | None]:
         want = F16 if getattr(op, "f16", False) else F32
         if want == F32 and not any(t is not None and t.dtype == F16 for t in ins):
             return ins
@@ -226,14 +201,14 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
     ctx = Context(backend)
     ctx.fuse = fuse
     mixed = _Precision(ctx) if precision == "f16" else None
-    env: dict[str, T] = {name: T(arr.dtype, arr.shape, value=arr) for name, arr in graph.initializers.items()}
+    env: dict[str, Tensor] = {name: Tensor(arr.dtype, arr.shape, value=arr) for name, arr in graph.initializers.items()}
     inputs = []
     host_values = host_values or {}
     uses = graph.use_counts()
     remaining = dict(uses)  # consumers not planned yet, per value (graph outputs never reach 0)
     for vi in graph.inputs:
         if vi.name in host_values:
-            env[vi.name] = T(vi.dtype, shapes[vi.name], value=host_values[vi.name])
+            env[vi.name] = Tensor(vi.dtype, shapes[vi.name], value=host_values[vi.name])
             continue
         t = ctx.new(vi.dtype, shapes[vi.name], pinned=True)
         env[vi.name] = t
@@ -250,7 +225,7 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
             if missing:
                 raise ValueError(f"{node.describe()}: input(s) {missing} are produced by no node")
             if all(t is None or t.is_const for t in ins):
-                outs = _fold(op, ins)
+                outs = fold(op, ins)
             else:
                 outs = op.run(ctx, *(mixed.inputs(op, ins) if mixed else ins))
             for name, t in zip(node.outputs, outs, strict=False):
@@ -287,7 +262,7 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
                 # Views of inputs or of other outputs get their own buffer, so reading one is never stale.
                 copy = ctx.alloc(t.dtype, t.shape, pinned=True)
                 ctx.record(backend.record_elementwise(inp(0, kind_of(t.dtype)), [t.view], copy))
-                t = T(t.dtype, t.shape, view=copy)
+                t = Tensor(t.dtype, t.shape, view=copy)
             if t.view is not None:
                 seen.add(t.view.handle)
             outputs.append((vi.name, t))
