@@ -42,9 +42,6 @@ class ComputeBackend(ABC):
     """Device memory behind opaque integer handles, and float32 compute ops over it."""
 
     name: str = "?"
-    # float16 tensors are stored as f16 and computed in f32 by the fused row/attention kernels (wgpu). The cpu
-    # backend computes float16 per op in numpy's float16, as ONNX's reference does, so it keeps the decompositions.
-    fused_f16: bool = False
 
     def __init__(self) -> None:
         self._initialized = False
@@ -302,6 +299,8 @@ class ComputeBackend(ABC):
                                        View.contiguous(output, f32, (n,)))
 
     # ---- primitives for the ONNX runtime -------------------------------------------------------------
+    # A backend declines a call it leaves to the ops' decomposition (a dtype its fused row or attention kernels do
+    # not compute) by raising NotImplementedError while recording; the op then records the decomposition.
     # Views carry logical dtypes; a backend maps them to what it stores (wgpu: int64 as i32, bool as u32).
     # Shapes here are already checked by the caller (the graph's shape inference).
 
@@ -462,6 +461,13 @@ class ComputeBackend(ABC):
         "add", "mul", "max" or "min". `out` (contiguous) already holds the data; offsets (int) and updates are
         contiguous Views of one shape. Offsets are clamped into out."""
         raise NotImplementedError(f"{type(self).__name__} has no scatter")
+
+    def record_dft(self, x: View, out: View, length: int, inverse: bool, onesided: bool) -> list:
+        """Discrete Fourier transform along axis 1 of x (outer, L, inner, 1 | 2: real, or complex as re/im) over
+        `length` terms (x zero-padded or cut to it) into out (outer, L', inner, 2): L' = length, or length // 2 + 1
+        for a one-sided forward transform. An inverse is scaled by 1 / length; a one-sided inverse takes the half
+        spectrum as Hermitian and writes the real signal, out (outer, length, inner, 1). Views contiguous."""
+        raise NotImplementedError(f"{type(self).__name__} has no DFT")
 
     # ---- tensors with logical dtypes (the runtime's view of memory) ----------------------------------
     @abstractmethod

@@ -24,9 +24,11 @@ PATTERNS = ("rmsnorm", "layernorm", "softmax", "gelu", "attention")
 declare_counters(*(f"{p}.{arm}" for p in PATTERNS for arm in ("fused", "fallback")), "attention.gemm")
 
 
-def fused_dtype(ctx: Context, dtype: np.dtype) -> bool:
-    """Whether the fused kernels take this dtype: float32, and float16 where the backend computes it in f32."""
-    return dtype == np.float32 or (dtype == np.float16 and ctx.backend.fused_f16)
+def fused_dtype(dtype: np.dtype) -> bool:
+    """Whether a fused row/attention kernel is worth asking for: float32 or float16 data. The backend still decides:
+    it declines (NotImplementedError) a dtype it leaves to the decomposition (the cpu backend computes float16 per op
+    in numpy's float16, as ONNX's reference does)."""
+    return dtype in (np.float32, np.float16)
 
 
 def _vector(ctx: Context, t: Tensor | None, n: int) -> View | None:
@@ -39,14 +41,18 @@ def _vector(ctx: Context, t: Tensor | None, n: int) -> View | None:
 def fused_norm(ctx: Context, op: Op, kind: str, x: Tensor, axis: int, scale: Tensor | None, bias: Tensor | None,
                eps: float) -> Tensor | None:
     """The fused row kernel when it applies (float32, normalising trailing dims, vector scale/bias)."""
-    if not hasattr(ctx.backend, "record_norm") or not fused_dtype(ctx, x.dtype) or x.size == 0:
+    if not fused_dtype(x.dtype) or x.size == 0:
         return None
     n = math.prod(x.shape[axis:])
     sv, bv = _vector(ctx, scale, n), _vector(ctx, bias, n)
     if (scale is not None and sv is None) or (bias is not None and bv is None):
         return None
     out = ctx.new(x.dtype, x.shape)
-    ctx.record(ctx.backend.record_norm(kind, ctx.contiguous(x), sv, bv, out.view, n, float(eps)))
+    try:
+        steps = ctx.backend.record_norm(kind, ctx.contiguous(x), sv, bv, out.view, n, float(eps))
+    except NotImplementedError:
+        return None
+    ctx.record(steps)
     return out
 
 
@@ -126,15 +132,20 @@ def softmax(ctx: Context, op: Op, x: Tensor, axis: int, log: bool, legacy: bool 
     if legacy:
         x2 = reshape_view(ctx, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
         return reshape_view(ctx, softmax(ctx, op, x2, 1, log), x.shape)
-    if hasattr(ctx.backend, "record_softmax") and fused_dtype(ctx, x.dtype) and x.size:
-        ctx.count("softmax.fused")
+    if fused_dtype(x.dtype) and x.size:
         perm = [i for i in range(x.rank) if i != axis] + [axis]
         moved = Tensor(x.dtype, tuple(x.shape[p] for p in perm), view=ctx.view(x).permute(perm))
         src = ctx.contiguous(moved)
         out = ctx.new(x.dtype, moved.shape)
-        ctx.record(ctx.backend.record_softmax(src, out.view, x.shape[axis], log))
-        inv = list(np.argsort(perm))
-        return Tensor(x.dtype, x.shape, view=out.view.permute(inv))
+        try:
+            steps = ctx.backend.record_softmax(src, out.view, x.shape[axis], log)
+        except NotImplementedError:
+            steps = None
+        if steps is not None:
+            ctx.record(steps)
+            ctx.count("softmax.fused")
+            inv = list(np.argsort(perm))
+            return Tensor(x.dtype, x.shape, view=out.view.permute(inv))
     ctx.count("softmax.fallback")
     shape3 = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
     x3 = reshape_view(ctx, x, shape3)
@@ -202,7 +213,7 @@ def attention(ctx: Context, op: Op, q: Tensor, k: Tensor, v: Tensor, mask: Tenso
                         np.dtype(np.float32))
         mview = ctx.view(mask).broadcast_to((b, hq, sq, skv))
     out = ctx.new(q.dtype, shape)
-    fused = fused_dtype(ctx, q.dtype) and hasattr(ctx.backend, "record_attention_views")
+    fused = fused_dtype(q.dtype)
     if fused and dv == d and flash_pays(b, hq, sq, skv, q.dtype.itemsize):
         try:
             steps = ctx.backend.record_attention_views(ctx.view(q), ctx.view(k), ctx.view(v), mview, out.view,
@@ -213,7 +224,7 @@ def attention(ctx: Context, op: Op, q: Tensor, k: Tensor, v: Tensor, mask: Tenso
             ctx.record(steps)
             ctx.count("attention.fused")
             return out
-    gemm = fused and hasattr(ctx.backend, "record_softmax")
+    gemm = fused
     ctx.count("attention.gemm" if gemm else "attention.fallback")
     rep = hq // hkv
     kv_, vv_ = ctx.view(k), ctx.view(v)

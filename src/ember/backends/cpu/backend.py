@@ -183,17 +183,20 @@ class CpuBackend(ComputeBackend):
 
     def record_attention_views(self, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
                                causal: bool) -> list[Step]:
+        _fused_float32(q, "attention")
         return attention.record_attention(self.array(q), self.array(k), self.array(v), self._array_or_none(mask),
                                           self.array(out), scale, causal)
 
     def record_norm(self, kind: str, x: View, scale: View | None, bias: View | None, out: View, n: int,
                     eps: float) -> list[Step]:
         norms.check_norm(kind)
+        _fused_float32(x, kind)
         norms.check_rows(x, out, n)
         return norms.record_norm(kind, self.array(x).reshape(-1, n), self._array_or_none(scale),
                                  self._array_or_none(bias), self.array(out).reshape(-1, n), n, eps)
 
     def record_softmax(self, x: View, out: View, n: int, log: bool) -> list[Step]:
+        _fused_float32(x, "softmax")
         norms.check_rows(x, out, n)
         return norms.record_softmax(self.array(x).reshape(-1, n), self.array(out).reshape(-1, n), log)
 
@@ -209,3 +212,10 @@ class CpuBackend(ComputeBackend):
 
     def record_scatter(self, out: View, offsets: View, updates: View, reduction: str) -> list[Step]:
         return loops.record_scatter(self.array(out), self.array(offsets), self.array(updates), reduction)
+
+
+def _fused_float32(x: View, what: str) -> None:
+    """The fused row and attention steps compute float32; float16 stays with the ops' decomposition, per op in
+    numpy's float16 as ONNX's reference computes it."""
+    if x.dtype != np.float32:
+        raise NotImplementedError(f"cpu fused {what}: float32 only (float16 runs decomposed), got {x.dtype}")
