@@ -5,6 +5,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" test
 # Every backend the machine has must be tested: fail rather than silently test cpu only.
 .venv/bin/python -c 'import ember; b = ember.available_backends(); print("backends:", b); assert "wgpu" in b, "no wgpu adapter"'
 .venv/bin/python -m ruff check src tests bench tools
+# The layering contracts in pyproject.toml: no upward imports, no cycles inside a package.
+.venv/bin/lint-imports
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 # The GPU kernels again with checked shader modules: an out-of-bounds access fails here instead of
 # corrupting memory in trusted mode.

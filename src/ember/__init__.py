@@ -1,5 +1,6 @@
 """ember: run neural networks on any vendor's GPU through WebGPU, with a numpy CPU backend."""
 
+from . import settings
 from .backends import (
     BinaryOp,
     ComputeBackend,
@@ -15,5 +16,6 @@ from .model import Model, TensorInfo, load_onnx
 __version__ = "0.1.0"
 
 __all__ = ["BinaryOp", "ComputeBackend", "DeviceArray", "OutOfMemoryError", "ReduceOp", "UnaryOp", "__version__",
+           "settings",
            "Model", "TensorInfo",
            "available_backends", "backend", "load_onnx"]

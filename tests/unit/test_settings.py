@@ -1,0 +1,84 @@
+"""ember.settings: every knob declared once, read when used, scoped by override, listed in the README."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+from ember import settings
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_read_when_used_not_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_WINOGRAD", "2")
+    assert settings.WINOGRAD.get() == 2
+    monkeypatch.setenv("EMBER_WINOGRAD", "0")
+    assert settings.WINOGRAD.get() == 0
+    monkeypatch.delenv("EMBER_WINOGRAD")
+    assert settings.WINOGRAD.get() is None
+
+
+def test_override_wins_over_the_environment_and_is_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_DIRECT_CONV", "0")
+    assert settings.DIRECT_CONV.get() is False
+    with settings.override(direct_conv=True, wait_spin_us=5.0):
+        assert settings.DIRECT_CONV.get() is True
+        assert settings.WAIT_SPIN_US.get() == 5.0
+        with settings.override(direct_conv=False):
+            assert settings.DIRECT_CONV.get() is False
+        assert settings.DIRECT_CONV.get() is True
+    assert settings.DIRECT_CONV.get() is False
+    assert settings.WAIT_SPIN_US.get() == 3000.0
+
+
+def test_override_none_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_AUTOTUNE", "1")
+    with settings.override(autotune=None):
+        assert settings.AUTOTUNE.get() is None  # decided at run time, as when the variable is unset
+    assert settings.AUTOTUNE.get() is True
+
+
+def test_unknown_setting_is_named() -> None:
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['winogard'\]"), settings.override(winogard=0):
+        pass
+
+
+@pytest.mark.parametrize(("env", "value", "expected"), [
+    ("EMBER_CPU_THREADS", "0", "expected a whole number >= 1"),
+    ("EMBER_WAIT_SPIN_US", "-1", "expected a number >= 0"),
+    ("EMBER_SCRATCH_PRIVATE_MB", "lots", "expected a number"),
+    ("EMBER_CHECKED_SHADERS", "maybe", "expected one of"),
+    ("EMBER_WINOGRAD", "2.0", "expected a whole number"),
+])
+def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch, env: str, value: str, expected: str) -> None:
+    monkeypatch.setenv(env, value)
+    setting = next(s for s in settings.REGISTRY.values() if s.env == env)
+    with pytest.raises(ValueError, match=rf"{env}={value!r}: {expected}"):
+        setting.get()
+
+
+def test_readme_lists_every_setting() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert settings.table() in readme, "README's settings table is stale: paste `python -m ember.settings`"
+
+
+def test_no_environment_read_outside_the_settings_module() -> None:
+    offenders = []
+    for path in sorted((ROOT / "src" / "ember").rglob("*.py")):
+        if path.name == "settings.py" and path.parent.name == "ember":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "os":
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, f"os.environ read outside ember/settings.py: {offenders}"
+
+
+def test_no_source_file_over_600_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "src").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, f"files over 600 lines: {long}"
