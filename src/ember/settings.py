@@ -114,6 +114,8 @@ BACKEND = _declare("backend", "EMBER_BACKEND", _text, None, "name",
                    "The backend `backend(\"auto\")` and `load_onnx(backend=\"auto\")` pick; unset: the best available.")
 WINOGRAD = _declare("winograd", "EMBER_WINOGRAD", _whole, None, "0 | 2 | 4",
                     "Winograd arm for eligible 3x3 convs: 0 off, else the tile m; unset: the backend's cost model.")
+ATTENTION = _declare("attention", "EMBER_ATTENTION", _text, None, "flash | gemm",
+                     "Attention arm: the flash kernel or scores GEMM + softmax + GEMM; unset: the backend's rule.")
 AUTOTUNE = _declare("autotune", "EMBER_AUTOTUNE", _flag, None, "bool",
                     "wgpu GEMM/conv tile autotune; unset: on for hardware GPUs, off on software adapters. "
                     "`load_onnx(autotune=...)` wins over it.")

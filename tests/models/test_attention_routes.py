@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import ember
-from ember.ops import transformer
+from ember import settings
+from ember.backends import attention_arm
 
 CASES = {
     # name: (q, k, v shapes, mask shape and dtype or None, attributes)
@@ -62,13 +63,11 @@ def reference(model: object, feeds: dict) -> np.ndarray:
 
 @pytest.mark.parametrize("arm", ["fused", "gemm"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_attention_arms_match_onnxruntime(name: str, arm: str, backend_name: str,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    if arm == "gemm":
-        monkeypatch.setattr(transformer, "FLASH_MAX_SCORES", 0)
+def test_attention_arms_match_onnxruntime(name: str, arm: str, backend_name: str) -> None:
     model, feeds = case(name)
     want = reference(model, feeds)
-    m = ember.load_onnx(model, backend=backend_name)
+    with settings.override(attention="gemm" if arm == "gemm" else None):
+        m = ember.load_onnx(model, backend=backend_name)
     got = m.run(feeds)["y"]
     err = float(np.abs(got - want).max())
     assert err <= 1e-4 * float(np.abs(want).max()) + 1e-5, err
@@ -77,8 +76,15 @@ def test_attention_arms_match_onnxruntime(name: str, arm: str, backend_name: str
 
 
 def test_flash_pays_rule() -> None:
-    assert transformer.flash_pays(1, 12, 128, 128, 4)  # BERT-sized: the flash kernel
-    assert not transformer.flash_pays(4, 16, 512, 1024, 4)  # long: the GEMMs
-    assert not transformer.flash_pays(1, 8, 1, 4096, 4)  # decoding over a long cache: the GEMMs spread it
-    assert transformer.flash_pays(1, 8, 1, 512, 4)  # decoding over a short one: one kernel
-    assert transformer.flash_pays(64, 64, 8192, 8192, 4)  # a 1 TB scores buffer: never materialised
+    assert attention_arm.flash_pays(1, 12, 128, 128, 4)  # BERT-sized: the flash kernel
+    assert not attention_arm.flash_pays(4, 16, 512, 1024, 4)  # long: the GEMMs
+    assert not attention_arm.flash_pays(1, 8, 1, 4096, 4)  # decoding over a long cache: the GEMMs spread it
+    assert attention_arm.flash_pays(1, 8, 1, 512, 4)  # decoding over a short one: one kernel
+    assert attention_arm.flash_pays(64, 64, 8192, 8192, 4)  # a 1 TB scores buffer: never materialised
+
+
+def test_forced_arm_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_ATTENTION", "sparse")
+    model, _ = case(next(iter(CASES)))
+    with pytest.raises(ValueError, match=r"EMBER_ATTENTION='sparse': expected one of \('flash', 'gemm'\)"):
+        ember.load_onnx(model, backend="cpu")

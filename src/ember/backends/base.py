@@ -20,6 +20,7 @@ from ..core import winograd
 from ..core.conv import ConvSpec
 from ..core.expr import call, inp
 from ..core.view import View
+from . import attention_arm
 from .api_types import (
     BinaryOp,
     ConvKernel,
@@ -411,6 +412,11 @@ class ComputeBackend(ABC):
         op: sum, mean, max, min, prod, sumsq, l1, l2, logsum, logsumexp, argmax, argmin, argmax_last,
         argmin_last (the arg ops need n_reduce == 1 and write int64 indices).
         """
+
+    def select_attention(self, batch: int, heads: int, seq_q: int, seq_kv: int, itemsize: int) -> str:
+        """Kernel selection for attention: "flash" (record_attention_views) or "gemm" (scores GEMM with the mask in
+        its epilogue, fused softmax, second GEMM); settings.ATTENTION overrides the backend's rule."""
+        return attention_arm.choose(batch, heads, seq_q, seq_kv, itemsize)
 
     @abstractmethod
     def record_attention_views(self, q: View, k: View, v: View, mask: View | None, out: View, scale: float,

@@ -176,25 +176,6 @@ register("Softmax", 1)(type("Softmax", (SoftmaxBase,), {}))
 register("LogSoftmax", 1)(type("LogSoftmax", (SoftmaxBase,), {"log": True}))
 
 
-# Where the flash kernel stops paying (bench/bench_attention.py measures it; BENCHMARKS.md has the figures):
-# - prefill: past these sizes GEMM + fused softmax + GEMM is faster, the tiled GEMMs reaching a larger share of
-#   the GPU than the flash kernel's fp32 inner loops; below them the flash kernel wins (fewer launches, no S x S
-#   buffer);
-# - decoding (one query row): the flash kernel has one workgroup per (batch, head) walking the whole cache, the
-#   GEMMs spread a long cache over the GPU.
-FLASH_MAX_SCORES = 512 * 512 - 1  # scores per (batch, head)
-FLASH_MAX_KEYS = 1023
-GEMM_SCORES_MAX_BYTES = 1 << 30  # the S x S scores buffer the GEMM route may allocate
-
-
-def flash_pays(b: int, hq: int, sq: int, skv: int, itemsize: int) -> bool:
-    """Whether attention over (b, hq heads, sq queries, skv keys) takes the flash kernel: short sequences, or a
-    scores buffer too large for the GEMM route."""
-    if sq * skv <= FLASH_MAX_SCORES and skv <= FLASH_MAX_KEYS:
-        return True
-    return b * hq * sq * skv * itemsize > GEMM_SCORES_MAX_BYTES
-
-
 def attention(ctx: Context, op: Op, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
               causal: bool) -> Tensor:
     """softmax(scale * q @ kᵀ + mask) @ v over (B, H, S, D) tensors, k/v possibly with fewer heads (GQA).
@@ -214,7 +195,7 @@ def attention(ctx: Context, op: Op, q: Tensor, k: Tensor, v: Tensor, mask: Tenso
         mview = ctx.view(mask).broadcast_to((b, hq, sq, skv))
     out = ctx.new(q.dtype, shape)
     fused = fused_dtype(q.dtype)
-    if fused and dv == d and flash_pays(b, hq, sq, skv, q.dtype.itemsize):
+    if fused and dv == d and ctx.backend.select_attention(b, hq, sq, skv, q.dtype.itemsize) == "flash":
         try:
             steps = ctx.backend.record_attention_views(ctx.view(q), ctx.view(k), ctx.view(v), mview, out.view,
                                                        float(scale), causal)
