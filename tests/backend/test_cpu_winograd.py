@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ember
+from ember import settings
 from ember.backends.base import View
 from ember.backends.cpu import CpuBackend
 from ember.core import winograd
@@ -204,16 +205,16 @@ def _conv_plus_channel_offset(c: int = 32, size: int = 14) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("env", ["", "0"])
-def test_broadcast_add_after_conv(env: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("EMBER_WINOGRAD", env)
+@pytest.mark.parametrize("forced", [None, 0])
+def test_broadcast_add_after_conv(forced: int | None) -> None:
     model = _conv_plus_channel_offset()
     x = np.random.default_rng(2).standard_normal((1, 32, 14, 14)).astype(np.float32)
     want = _ort(model, x)
-    em = ember.load_onnx(model, backend="cpu")
+    with settings.override(winograd=forced):
+        em = ember.load_onnx(model, backend="cpu")
     got = em.run({"x": x})["y"]
     assert float(np.abs(got.astype(np.float64) - want).max()) <= 1e-4 * float(np.abs(want).max()) + 1e-5
-    assert em.stats()["conv.winograd"] == (0 if env == "0" else 1)
+    assert em.stats()["conv.winograd"] == (0 if forced == 0 else 1)
 
 
 def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
@@ -223,27 +224,27 @@ def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     return sess.run(None, {"x": x})[0]
 
 
-@pytest.mark.parametrize("env", ["", "2", "4", "0"])
+@pytest.mark.parametrize("forced", [None, 2, 4, 0])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_model_matches_onnxruntime(env: str, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("EMBER_WINOGRAD", env)
+def test_model_matches_onnxruntime(forced: int | None, batch: int) -> None:
     model = _residual_block(c=32, size=14)
     x = np.random.default_rng(batch).standard_normal((batch, 32, 14, 14)).astype(np.float32)
     want = _ort(model, x)
     em = ember.load_onnx(model, backend="cpu")
     for run in (1, 2):
-        got = em.run({"x": x})["y"]
+        with settings.override(winograd=forced):  # the plan is built on the first run
+            got = em.run({"x": x})["y"]
         tol = 1e-4 * float(np.abs(want).max()) + 1e-5  # tests/models' tolerance
         assert float(np.abs(got.astype(np.float64) - want).max()) <= tol
         # Both convs are 3x3 stride 1 with constant weights: 2 per run unless EMBER_WINOGRAD=0.
-        assert em.stats()["conv.winograd"] == (0 if env == "0" else 2 * run)
+        assert em.stats()["conv.winograd"] == (0 if forced == 0 else 2 * run)
 
 
-def test_float16_model_takes_the_direct_conv(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EMBER_WINOGRAD", raising=False)
+def test_float16_model_takes_the_direct_conv() -> None:
     model = _residual_block(TensorProto.FLOAT16)
     x = np.random.default_rng(3).standard_normal((1, 8, 12, 12)).astype(np.float16)
-    em = ember.load_onnx(model, backend="cpu")
+    with settings.override(winograd=None):
+        em = ember.load_onnx(model, backend="cpu")
     got = em.run({"x": x})["y"]
     want = _ort(model, x)
     assert float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max()) <= 2e-2 * float(np.abs(want).max())
