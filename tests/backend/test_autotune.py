@@ -16,7 +16,9 @@ from onnx import TensorProto, helper, numpy_helper
 import ember
 from ember.backends.base import View
 from ember.backends.wgpu import autotune as at
-from ember.backends.wgpu.matmul import TILES, Tile
+from ember.backends.wgpu import tune_cache
+from ember.backends.wgpu.shader import tiles
+from ember.backends.wgpu.shader.tiles import TILES, Tile
 
 from ..kernels.gate import check, upload
 from .test_conv2d import conv_ref
@@ -125,7 +127,7 @@ def test_every_candidate_is_correct(be: ember.ComputeBackend, rng: np.random.Gen
     try:
         z, m, n, k = prob.shape
         cands = at.candidates(be, m, n, k, z)
-        assert cands[0] == at.plan_gemm(be, m, n, k, z) and 3 <= len(cands) <= at.MAX_CANDIDATES
+        assert cands[0] == tiles.plan_gemm(be, m, n, k, z) and 3 <= len(cands) <= at.MAX_CANDIDATES
         assert len(set(cands)) == len(cands)
         ref = prob.ref()
         for cand in cands:
@@ -201,7 +203,7 @@ def test_second_load_hits_the_cache(be: ember.ComputeBackend, rng: np.random.Gen
     assert stats["tuned"] == 2 and stats["hits"] == 0 and stats["seconds"] > 0
     info = first.plan_info()
     assert info["autotune.tuned"] == 2 and info["autotune.timed"] >= 6 and info["autotune.seconds"] > 0
-    files = list(Path(at.cache_dir()).glob("autotune-*.json"))
+    files = list(Path(tune_cache.cache_dir()).glob("autotune-*.json"))
     assert len(files) == 1 and len(json.loads(files[0].read_text())["entries"]) == 2
 
     timed = []
@@ -217,15 +219,15 @@ def test_second_load_hits_the_cache(be: ember.ComputeBackend, rng: np.random.Gen
 
 def test_cache_roundtrip_and_version(tmp_path: Path) -> None:
     ident = {"device": "Some GPU", "description": "driver 1.2"}
-    c = at.TuneCache(tmp_path / "a.json", ident, "v1")
+    c = tune_cache.TuneCache(tmp_path / "a.json", ident, "v1")
     entry = {"tile": "64x128x16/4x8", "splits": 4, "ms": 1.5}
     c.put("matmul f32 z1 m64 n3136 k576 A:k4 B:x4", entry)
     data = json.loads((tmp_path / "a.json").read_text())
-    assert data["adapter"] == ident and data["generator"] == "v1" and data["format"] == at.CACHE_FORMAT
-    again = at.TuneCache(tmp_path / "a.json", ident, "v1")
+    assert data["adapter"] == ident and data["generator"] == "v1" and data["format"] == tune_cache.CACHE_FORMAT
+    again = tune_cache.TuneCache(tmp_path / "a.json", ident, "v1")
     assert again.get("matmul f32 z1 m64 n3136 k576 A:k4 B:x4") == entry
-    assert at.TuneCache(tmp_path / "a.json", ident, "v2").entries == {}  # other kernels: stale
-    assert at.TuneCache(tmp_path / "a.json", {**ident, "device": "Other"}, "v1").entries == {}
+    assert tune_cache.TuneCache(tmp_path / "a.json", ident, "v2").entries == {}  # other kernels: stale
+    assert tune_cache.TuneCache(tmp_path / "a.json", {**ident, "device": "Other"}, "v1").entries == {}
     assert not list(tmp_path.glob("*.tmp"))  # the temporary file was renamed over the cache
 
 
@@ -261,18 +263,18 @@ def test_adapters_have_separate_files(tmp_path: Path) -> None:
     a = {"vendor": "nvidia", "device": "NVIDIA H200", "description": "550.54", "backend_type": "Vulkan"}
     b = {**a, "description": "560.10"}  # the same GPU under another driver tunes anew
     c = {**a, "device": "NVIDIA L4"}
-    paths = {at.cache_path(tmp_path, x) for x in (a, b, c)}
-    assert len(paths) == 3 and at.cache_path(tmp_path, dict(a)) == at.cache_path(tmp_path, a)
-    at.TuneCache(at.cache_path(tmp_path, a), a, "v").put("k", {"tile": "64x64x16/4x4", "splits": 1})
-    assert at.TuneCache(at.cache_path(tmp_path, b), b, "v").get("k") is None
-    assert at.TuneCache(at.cache_path(tmp_path, a), a, "v").get("k") is not None
+    paths = {tune_cache.cache_path(tmp_path, x) for x in (a, b, c)}
+    assert len(paths) == 3 and tune_cache.cache_path(tmp_path, dict(a)) == tune_cache.cache_path(tmp_path, a)
+    tune_cache.TuneCache(tune_cache.cache_path(tmp_path, a), a, "v").put("k", {"tile": "64x64x16/4x4", "splits": 1})
+    assert tune_cache.TuneCache(tune_cache.cache_path(tmp_path, b), b, "v").get("k") is None
+    assert tune_cache.TuneCache(tune_cache.cache_path(tmp_path, a), a, "v").get("k") is not None
 
 
 def test_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
     path, ident = tmp_path / "c.json", {"device": "x"}
 
     def writer(i: int) -> None:
-        c = at.TuneCache(path, ident, "v")  # each as a separate process would: its own view of the file
+        c = tune_cache.TuneCache(path, ident, "v")  # each as a separate process would: its own view of the file
         for j in range(15):
             c.put(f"w{i} p{j}", {"tile": "32x32x8/4x4", "splits": 1})
 
@@ -281,13 +283,13 @@ def test_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
         th.start()
     for th in threads:
         th.join()
-    assert len(at.TuneCache(path, ident, "v").entries) == 60
+    assert len(tune_cache.TuneCache(path, ident, "v").entries) == 60
 
 
 def test_unwritable_cache_warns_once(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    c = at.TuneCache(blocker / "sub" / "x.json", {}, "v")  # the directory cannot be made: a file is in the way
+    c = tune_cache.TuneCache(blocker / "sub" / "x.json", {}, "v")  # the directory cannot be made: a file is in the way
     with pytest.warns(UserWarning, match="cannot write"):
         c.put("a", {"tile": "32x32x8/4x4", "splits": 1})
     c.put("b", {"tile": "32x32x8/4x4", "splits": 1})
@@ -347,7 +349,7 @@ def test_switches(be: ember.ComputeBackend, monkeypatch: pytest.MonkeyPatch) -> 
 def test_a_failing_candidate_is_ruled_out(be: ember.ComputeBackend, rng: np.random.Generator,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     bogus = (Tile(64, 64, 16, 4, 4), 1), (Tile(64, 64, 12, 4, 4), 1)  # K step 12: the generator refuses it
-    monkeypatch.setattr(at, "candidates", lambda *a: [at.plan_gemm(be, 100, 260, 300, 1), *bogus])
+    monkeypatch.setattr(at, "candidates", lambda *a: [tiles.plan_gemm(be, 100, 260, 300, 1), *bogus])
     prob = PROBLEMS["matmul"](be, rng)
     try:
         with be.autotune_scope(True):

@@ -103,21 +103,22 @@ def test_gemm_tile_configs(wgpu_be: ember.ComputeBackend, rng: np.random.Generat
     """Every generated tile shape, forced, with and without split K, with edges in M, N and K, both layouts, even
     and odd K tile counts (the unrolled K loop's tail)."""
     be = wgpu_be  # a wgpu-only check: runs on wgpu, never skipped
-    from ember.backends.wgpu import autotune, matmul
+    from ember.backends.wgpu import autotune
+    from ember.backends.wgpu.shader import tiles as shader_tiles
 
     # The huge tile's code shape (8 x 16 per thread, warp layout, unrolled K loop) at half its workgroup memory, so
     # adapters with 32 KiB of it (lavapipe) run that generator path too.
-    half_huge = matmul.Tile(64, 128, 16, 8, 16, warp=True, unroll2=True)
-    tiles = [*matmul.TILES.values(), matmul.LARGE_16K, autotune.WIDE, autotune.TALL, half_huge]
+    half_huge = shader_tiles.Tile(64, 128, 16, 8, 16, warp=True, unroll2=True)
+    tiles = [*shader_tiles.TILES.values(), shader_tiles.LARGE_16K, autotune.WIDE, autotune.TALL, half_huge]
     ran = 0
     for tile in tiles:
         if not autotune.tile_legal(be, tile):
-            assert tile in (matmul.TILES["huge"], matmul.TILES["large"]), f"{tile} should fit any adapter"
+            assert tile in (shader_tiles.TILES["huge"], shader_tiles.TILES["large"]), f"{tile} should fit any adapter"
             continue
         ran += 1
         for splits in (1, 3):
-            monkeypatch.setattr(matmul, "plan_gemm",
-                                lambda be, m, n, k, z, t=tile, s=splits: (t, matmul.split_count(k, t, s)))
+            monkeypatch.setattr(shader_tiles, "plan_gemm",
+                                lambda be, m, n, k, z, t=tile, s=splits: (t, shader_tiles.split_count(k, t, s)))
             for ta, tb in TRANSPOSES:
                 run_gemm(be, rng, ta, tb, tile.bm + 3, tile.bn * 2 + 1, tile.bk * 5 + 1, pad_a=ta, pad_b=4, beta=0.5)
                 run_gemm(be, rng, ta, tb, tile.bm * 2, tile.bn, tile.bk * 6, alpha=0.5)
@@ -129,9 +130,9 @@ def test_gemm_tile_configs(wgpu_be: ember.ComputeBackend, rng: np.random.Generat
 def test_gemm_split_k(be: ember.ComputeBackend, rng: np.random.Generator) -> None:
     """Few output tiles and a long K: the planner splits K (partial sums + reduce with the epilogue)."""
     if be.name == "wgpu":
-        from ember.backends.wgpu import matmul
+        from ember.backends.wgpu.shader import tiles as shader_tiles
 
-        assert matmul.plan_gemm(be, 40, 50, 3000, 1)[1] > 1
+        assert shader_tiles.plan_gemm(be, 40, 50, 3000, 1)[1] > 1
     run_gemm(be, rng, False, False, 40, 50, 3000, alpha=0.5, beta=2.0, pad_c=3)
     run_gemm(be, rng, True, True, 64, 64, 1024)
 

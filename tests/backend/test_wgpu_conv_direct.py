@@ -10,7 +10,7 @@ import pytest
 
 import ember
 from ember.backends.base import View
-from ember.backends.wgpu import conv
+from ember.backends.wgpu import conv_direct, conv_igemm, conv_shape
 
 from .helpers import rel_err
 from .test_conv2d import CLIP, F32, RELU, TOL, conv_ref, out_hw
@@ -24,19 +24,19 @@ def put(be: ember.ComputeBackend, a: np.ndarray) -> int:
     return h
 
 
-MIN_WORKGROUPS = conv.DIRECT_MIN_WORKGROUPS  # the shipped threshold, before the fixture lowers it
+MIN_WORKGROUPS = conv_direct.DIRECT_MIN_WORKGROUPS  # the shipped threshold, before the fixture lowers it
 
 
 @pytest.fixture(autouse=True)
 def small_problems_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel only takes convs with many workgroups (conv.DIRECT_MIN_WORKGROUPS); test shapes are small."""
-    monkeypatch.setattr(conv, "DIRECT_MIN_WORKGROUPS", 0)
+    """The kernel only takes convs with many workgroups (conv_direct.DIRECT_MIN_WORKGROUPS); test shapes are small."""
+    monkeypatch.setattr(conv_direct, "DIRECT_MIN_WORKGROUPS", 0)
 
 
-def shape_of(xshape, k: int, rs, stride, pads, dilation, groups: int = 1) -> conv.ConvShape:
+def shape_of(xshape, k: int, rs, stride, pads, dilation, groups: int = 1) -> conv_shape.ConvShape:
     n, c, h, w = xshape
     p, q = out_hw(h, w, *rs, stride, pads, dilation)
-    return conv.ConvShape(n, c, h, w, k, c // groups, *rs, p, q, *stride, pads[0], pads[1], *dilation, groups)
+    return conv_shape.ConvShape(n, c, h, w, k, c // groups, *rs, p, q, *stride, pads[0], pads[1], *dilation, groups)
 
 
 @pytest.mark.parametrize("dtype", [F32, F16])
@@ -58,7 +58,7 @@ def test_direct_conv_matches_reference(wgpu_be: ember.ComputeBackend, rng: np.ra
     n, c, h, w = xshape
     p, q = out_hw(h, w, *rs, stride, pads, dilation)
     cs = shape_of(xshape, k, rs, stride, pads, dilation)
-    assert conv.direct_geometry(be, cs) is not None
+    assert conv_direct.direct_geometry(be, cs) is not None
     x = rng.standard_normal(xshape).astype(dtype)
     f = rng.standard_normal((k, c, *rs)).astype(dtype)
     b = rng.standard_normal(k).astype(dtype)
@@ -81,7 +81,7 @@ def test_direct_conv_matches_reference(wgpu_be: ember.ComputeBackend, rng: np.ra
         be.upload(ho, nan)
         types = {v.handle: "f16" if dtype == F16 else "f32" for v in (*views, rv) if v is not None}
         res3 = rv.merged((n, k, p * q)) if rv is not None else None
-        be.execute(conv._record_implicit_gemm(be, cs, *views, act, types, res3))
+        be.execute(conv_igemm.record_implicit_gemm(be, cs, *views, act, types, res3))
         got_gemm = be.download(views[3]).astype(np.float64)
     finally:
         for hh in (hx, hf, hb, hr, ho):
@@ -99,26 +99,26 @@ def test_direct_conv_matches_reference(wgpu_be: ember.ComputeBackend, rng: np.ra
 ])
 def test_direct_conv_declines(wgpu_be: ember.ComputeBackend, xshape, k, rs, stride, groups, why: str) -> None:
     cs = shape_of(xshape, k, rs, stride, (1, 1, 1, 1), (1, 1), groups)
-    assert conv.direct_geometry(wgpu_be, cs) is None, why
+    assert conv_direct.direct_geometry(wgpu_be, cs) is None, why
 
 
 def test_direct_conv_wants_a_grid_that_fills_the_gpu(wgpu_be: ember.ComputeBackend,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """ResNet-18's stem at batch 1 (196 workgroups) takes the kernel; MobileNetV2's (98) stays on implicit GEMM,
-    where whole runs measured no gain (conv.DIRECT_MIN_WORKGROUPS)."""
-    monkeypatch.setattr(conv, "DIRECT_MIN_WORKGROUPS", MIN_WORKGROUPS)
+    where whole runs measured no gain (conv_direct.DIRECT_MIN_WORKGROUPS)."""
+    monkeypatch.setattr(conv_direct, "DIRECT_MIN_WORKGROUPS", MIN_WORKGROUPS)
     resnet = shape_of((1, 3, 224, 224), 64, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1))
-    g = conv.direct_geometry(wgpu_be, resnet)
+    g = conv_direct.direct_geometry(wgpu_be, resnet)
     assert g is not None and math.prod(g.grid(resnet)) == 196
     mbv2 = shape_of((1, 3, 224, 224), 32, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1))
-    assert conv.direct_geometry(wgpu_be, mbv2) is None
-    assert conv.direct_geometry(wgpu_be, shape_of((8, 3, 224, 224), 32, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)))
+    assert conv_direct.direct_geometry(wgpu_be, mbv2) is None
+    assert conv_direct.direct_geometry(wgpu_be, shape_of((8, 3, 224, 224), 32, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)))
 
 
 def test_direct_conv_layout_fits_workgroup_memory(wgpu_be: ember.ComputeBackend) -> None:
     """The stem's layout: 4 warps of 8 channels, conflict-free patch rows, within the adapter's limit."""
     cs = shape_of((8, 3, 224, 224), 64, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1))
-    g = conv.direct_geometry(wgpu_be, cs)
+    g = conv_direct.direct_geometry(wgpu_be, cs)
     assert g is not None and (g.rt, g.warps, g.kt) == (4, 4, 32)
     assert g.grid(cs) == (7 * 14, 2, 8)
     assert g.rt * 2 * g.rstr % 32 == 16  # the warp's two row groups 16 banks apart

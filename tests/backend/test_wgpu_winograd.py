@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 import ember
 from ember import settings
 from ember.backends.base import View
-from ember.backends.wgpu import autotune
+from ember.backends.wgpu import autotune, winograd_cost
 from ember.backends.wgpu import winograd as ww
 from ember.core import winograd as wg
 from ember.core.expr import call, const, eval_numpy, inp
@@ -140,14 +140,14 @@ def test_residual(be: ember.ComputeBackend, rng: np.random.Generator, m: int) ->
 
 def test_split_k_products(be: ember.ComputeBackend, rng: np.random.Generator) -> None:
     """Few tiles, many channels: plan_gemm splits the products' K (= C) into partial sums."""
-    from ember.backends.wgpu import matmul as mm
+    from ember.backends.wgpu.shader import tiles
 
     x = rng.standard_normal((1, 256, 5, 5)).astype(np.float32)
     w = (rng.standard_normal((16, 256, 3, 3)) / 16).astype(np.float32)
     b = rng.standard_normal(16).astype(np.float32)
     for m in wg.TILES:
         th, tw = wg.tiles(5, 5, m)
-        assert mm.plan_gemm(be, 16, th * tw, 256, (m + 2) ** 2)[1] > 1  # the case this test is for
+        assert tiles.plan_gemm(be, 16, th * tw, 256, (m + 2) ** 2)[1] > 1  # the case this test is for
         assert rel(run(be, x, w, b, (1, 1, 1, 1), m, SILU), oracle(x, w, b, (1, 1, 1, 1), SILU)) <= TOL[m]
 
 
@@ -290,8 +290,8 @@ def test_winograd_tile_rule(wgpu_be: ember.ComputeBackend, monkeypatch: pytest.M
     # Small convs and few channels: the direct kernel, on any adapter.
     assert be.winograd_tile(1, 8, 8, 10, 10, F32) is None
     assert be.winograd_tile(8, 16, 256, 56, 56, F32) is None
-    for cp in (ww.HARDWARE, ww.SOFTWARE):
-        monkeypatch.setattr(ww, "profile", lambda _be, cp=cp: cp)
+    for cp in (winograd_cost.HARDWARE, winograd_cost.SOFTWARE):
+        monkeypatch.setattr(winograd_cost, "profile", lambda _be, cp=cp: cp)
         # ResNet-18's 3x3 stride-1 convs at batch 8: Winograd; F(4, 3) where its tiles fill the output.
         assert be.winograd_tile(8, 64, 64, 56, 56, F32) == 4
         assert be.winograd_tile(8, 128, 128, 28, 28, F32) == 4
@@ -300,8 +300,8 @@ def test_winograd_tile_rule(wgpu_be: ember.ComputeBackend, monkeypatch: pytest.M
         assert be.winograd_tile(1, 512, 512, 7, 7, F32) != 4
         # Below the threshold: direct.
         assert be.winograd_tile(1, 32, 32, 8, 8, F32) is None
-    monkeypatch.setattr(ww, "profile", lambda _be: ww.HARDWARE)
-    assert ww.HARDWARE.min_macs > 1 * 56 * 56 * 64 * 64 * 9  # ResNet-18 batch 1 stays direct by default
+    monkeypatch.setattr(winograd_cost, "profile", lambda _be: winograd_cost.HARDWARE)
+    assert winograd_cost.HARDWARE.min_macs > 1 * 56 * 56 * 64 * 64 * 9  # ResNet-18 batch 1 stays direct by default
     assert be.winograd_tile(1, 64, 64, 56, 56, F32) is None
 
 

@@ -14,12 +14,15 @@ that fits the adapter's workgroup storage is taken (32 KiB on lavapipe, 48 KiB o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...core.view import View
-from .backend import WgpuBackend, as_f32, from_f32, grid_1d
-from .elementwise import float_literal
-from .matmul import Window, binding_windows, check_no_overlap, check_view, rebase_view, require_float
+from .program import as_f32, from_f32, grid_1d, kernel
+from .shader.bindings import Window, binding_windows, check_no_overlap, check_view, rebase_view, require_float
+from .shader.wgsl import float_literal
+
+if TYPE_CHECKING:
+    from .backend import WgpuBackend
 
 MAX_HEAD_DIM = 256
 # (GY, GX, RQ, RK), best first: more rows and keys per thread reuse each workgroup-memory read more.
@@ -189,6 +192,7 @@ def _squeeze_strides(v: View) -> View:
                 v.offset)
 
 
+@kernel("record_attention_views")
 def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
                            causal: bool) -> list[Any]:
     types = require_float("attention", q=q, k=k, v=v, mask=mask, out=out)

@@ -3,15 +3,10 @@
 `plan_gemm`'s heuristic was tuned on one GPU (an H200); on another the best tile and split-K count differ. When a
 problem is first recorded (model load), `choose` records a handful of legal (tile, splits) candidates around the
 heuristic's pick, times them on the device in one submit, and keeps the fastest; the choice is cached in memory and
-in a JSON file per adapter, so later loads time nothing.
+in a JSON file per adapter (tune_cache.py), so later loads time nothing.
 
 - On/off: `load_onnx(..., autotune=True/False)`, else EMBER_AUTOTUNE=1/0, else on for hardware adapters and off
   for software ones (lavapipe: its timings say nothing about a GPU, and the test suite stays fast).
-- Cache: $EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember, else ~/.cache/ember; one file per adapter identity
-  (vendor, device, driver description, backend, wgpu version). The file records the kernel generator's version
-  (GENERATOR_VERSION plus a hash of the generator sources): entries of another version are dropped. Writes go to a
-  temporary file then os.replace (readers never see half a file), merged with what is on disk under a lock file
-  (concurrent processes keep each other's entries); an unreadable file is warned about and ignored.
 - Timing: GPU timestamp queries around each candidate's pass where the adapter has 'timestamp-query', else the
   host clock around submit + wait. Every candidate runs once to warm up, then REPS rounds interleave the
   candidates (so clock ramps hit all alike); the minimum counts. The heuristic's pick is kept unless another
@@ -24,57 +19,53 @@ in a JSON file per adapter, so later loads time nothing.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import math
-import os
 import re
-import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import wgpu
 
 from ... import settings
-from .backend import Dispatch, WgpuBackend
-from .matmul import (
+from .program import Dispatch, kernel
+from .shader import tiles
+from .shader.bindings import Bindings
+from .shader.loaders import Loader
+from .shader.tiles import (
     HUGE_MIN_WORKGROUPS,
     LARGE_16K,
     MAX_SPLITS,
     MIN_SPLIT_K,
     TARGET_WORKGROUPS,
     TILES,
-    Bindings,
-    Loader,
     Tile,
-    plan_gemm,
     split_count,
 )
+from .tune_cache import TuneCache, adapter_identity, cache_dir, cache_path, generator_version
+
+if TYPE_CHECKING:
+    from .backend import WgpuBackend
 
 log = logging.getLogger(__name__)
 
-# Bump when the generated kernels change in a way the source hash below would miss (e.g. a WGSL template file).
-GENERATOR_VERSION = "1"
-CACHE_FORMAT = 1
 MAX_CANDIDATES = 7
 REPS = 5
 CPU_REPS = 2  # software adapters: their timings only exercise the mechanism, keep it short
 KEEP_MARGIN = 0.03
 # Below this many flops a kernel takes microseconds whatever its tile: timing noise would decide, so the
-# heuristic's pick stands and nothing is timed or cached. On hardware GPUs the bar is higher: on the H200,
-# tuning MobileNetV2's small 1x1 convs (4-64 MFLOP, a few µs each) cost 12 s at load and made the model 4 %
-# slower; above 64 MFLOP only, it tunes nothing there and ResNet-18 b8 keeps its 5 % (bench_autotune.py).
+# heuristic's pick stands and nothing is timed or cached. On hardware GPUs the bar is higher: tuning a model's many
+# small 1x1 convs costs seconds at load and noise-picked tiles can make the model slower, while the big products
+# that gain from tuning stay above it (BENCHMARKS.md).
 MIN_TUNE_FLOP = 1 << 22  # software adapters (lavapipe): the tests tune small problems
 MIN_TUNE_FLOP_GPU = 1 << 26
 # Rectangular tiles the heuristic never picks: for outputs much wider than tall (conv: few channels, many pixels)
 # and the reverse.
-WIDE = Tile(64, 128, 16, 8, 8)  # 128 threads; 44.4 TFLOP/s at 4096^3 on an H200
+WIDE = Tile(64, 128, 16, 8, 8)  # 128 threads
 TALL = Tile(128, 64, 16, 8, 8)
 
 Plan = tuple[Tile, int]  # (tile, K splits)
@@ -130,7 +121,7 @@ def candidates(be: WgpuBackend, m: int, n: int, k: int, z: int) -> list[Plan]:
     K split twice as much / half as much (or in two where unsplit but short of workgroups), the other standard
     tiles with their own split rule (the 16 KiB 128 x 128 tile where the 32 KiB one does not fit), and one
     rectangular tile along the output's long side."""
-    base = plan_gemm(be, m, n, k, z)
+    base = tiles.plan_gemm(be, m, n, k, z)
     found = [base]
 
     def add(t: Tile, s: int) -> None:
@@ -145,8 +136,8 @@ def candidates(be: WgpuBackend, m: int, n: int, k: int, z: int) -> list[Plan]:
     elif math.ceil(m / bt.bm) * math.ceil(n / bt.bn) * z < TARGET_WORKGROUPS and math.ceil(k / bt.bk) >= 4:
         add(bt, 2)
     large = TILES["large"] if tile_legal(be, TILES["large"]) else LARGE_16K
-    # The huge tile only where it fills the GPU unsplit: on ResNet-18's convs (implicit GEMM, at most ~100
-    # of its workgroups) it was 2-3x slower than the 64 x 64 tile every time (H200), so timing it there is waste.
+    # The huge tile only where it fills the GPU unsplit: with fewer of its workgroups than that (small convs as
+    # implicit GEMM) it lost to the 64 x 64 tile every time (BENCHMARKS.md), so timing it there is waste.
     ht = TILES["huge"]
     huge = [ht] if math.ceil(m / ht.bm) * math.ceil(n / ht.bn) * z >= HUGE_MIN_WORKGROUPS else []
     for t in (*huge, large, WIDE if n >= m else TALL, TILES["medium"], TILES["small"]):
@@ -168,114 +159,6 @@ def _loader_signature(ld: Loader, z: int) -> str:
 
 def problem_key(name: str, m: int, n: int, k: int, z: int, a: Loader, b: Loader, dtype: str = "f32") -> str:
     return f"{name} {dtype} z{z} m{m} n{n} k{k} A:{_loader_signature(a, z)} B:{_loader_signature(b, z)}"
-
-
-# ---- adapter identity and the cache file ---------------------------------------------------------------------
-ADAPTER_FIELDS = ("vendor", "architecture", "device", "description", "vendor_id", "device_id", "backend_type",
-                  "adapter_type")
-
-
-def adapter_identity(info: dict[str, Any]) -> dict[str, Any]:
-    ident = {f: info.get(f) for f in ADAPTER_FIELDS}
-    ident["wgpu"] = wgpu.__version__  # wgpu-native's shader compiler (naga) changes what a tile costs
-    return ident
-
-
-def generator_version() -> str:
-    """GENERATOR_VERSION plus a hash of the sources that generate the tuned kernels and choose candidates, so a
-    cache written by other kernels is never trusted."""
-    h = hashlib.sha1(GENERATOR_VERSION.encode())
-    here = Path(__file__).resolve().parent
-    for f in ("matmul.py", "conv.py", "winograd.py", "autotune.py", "kernels/splitk_reduce.wgsl"):
-        with contextlib.suppress(OSError):
-            h.update((here / f).read_bytes())
-    return f"{GENERATOR_VERSION}-{h.hexdigest()[:12]}"
-
-
-def cache_dir() -> Path:
-    return settings.cache_dir()
-
-
-def cache_path(directory: Path, ident: dict[str, Any]) -> Path:
-    digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", str(ident.get("device") or "adapter")).strip("-").lower()[:40]
-    return directory / f"autotune-{slug}-{digest}.json"
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An advisory lock (POSIX) around read-merge-write, so concurrent processes keep each other's entries."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: os.replace still keeps the file whole; a race may drop an entry (retuned later)
-        yield
-        return
-    with open(path.with_name(path.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-class TuneCache:
-    """Choices for one adapter: in memory, backed by one JSON file."""
-
-    def __init__(self, path: Path, ident: dict[str, Any], version: str) -> None:
-        self.path, self.ident, self.version = path, ident, version
-        self.entries: dict[str, dict[str, Any]] = self._read()
-        self._warned_write = False
-
-    def _read(self, quiet: bool = False) -> dict[str, dict[str, Any]]:
-        """The file's entries; {} if it is missing, unreadable, corrupt (warned about unless quiet) or stale."""
-        try:
-            text = self.path.read_text()
-        except (FileNotFoundError, NotADirectoryError):
-            return {}
-        except OSError as e:
-            if not quiet:
-                warnings.warn(f"ember autotune: cannot read {self.path} ({e}); ignoring it", stacklevel=3)
-            return {}
-        try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-                raise ValueError("not an ember autotune cache")
-        except ValueError as e:
-            if not quiet:
-                warnings.warn(f"ember autotune: {self.path} is corrupt ({e}); ignoring it (it is rewritten on the "
-                              "next tuning)", stacklevel=3)
-            return {}
-        if (data.get("format") != CACHE_FORMAT or data.get("generator") != self.version
-                or data.get("adapter") != self.ident):
-            return {}  # other kernels, or a hash collision of another adapter: stale, not an error
-        return {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        return self.entries.get(key)
-
-    def put(self, key: str, entry: dict[str, Any]) -> None:
-        self.entries[key] = entry
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with _file_lock(self.path):
-                merged = {**self._read(quiet=True), **self.entries}  # keep other processes' entries
-                self.entries = merged
-                data = {"format": CACHE_FORMAT, "generator": self.version, "adapter": self.ident,
-                        "entries": dict(sorted(merged.items()))}
-                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
-                try:
-                    with os.fdopen(fd, "w") as f:
-                        json.dump(data, f, indent=1)
-                    os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
-                    os.replace(tmp, self.path)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
-        except OSError as e:
-            if not self._warned_write:  # an unwritable cache costs load time, not correctness: say so once
-                warnings.warn(f"ember autotune: cannot write {self.path} ({e}); choices stay in memory", stacklevel=2)
-                self._warned_write = True
 
 
 # ---- per-backend state -----------------------------------------------------------------------------------------
@@ -323,6 +206,7 @@ def tuner(be: WgpuBackend) -> Tuner:
     return t
 
 
+@kernel("autotune_scope")
 @contextlib.contextmanager
 def scope(be: WgpuBackend, enabled: bool | None) -> Iterator[dict[str, float]]:
     """Turn tuning on/off for what this thread records inside the block (None: the default rule). Yields a report
@@ -491,11 +375,11 @@ def choose(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handl
     default the element types the kernel's bindings declare."""
     t = tuner(be)
     if not t.enabled():
-        return plan_gemm(be, m, n, k, z)
+        return tiles.plan_gemm(be, m, n, k, z)
     if 2 * m * n * k * z < (MIN_TUNE_FLOP if be.adapter.info["adapter_type"] == "CPU" else MIN_TUNE_FLOP_GPU):
         t.count("skipped")
-        return plan_gemm(be, m, n, k, z)
-    base = plan_gemm(be, m, n, k, z)
+        return tiles.plan_gemm(be, m, n, k, z)
+    base = tiles.plan_gemm(be, m, n, k, z)
     probe = Bindings(out_handle, windows, types)  # loaders built only to read their layout, for the key
     la, lb = make_a(probe, base[0]), make_b(probe, base[0])
     if dtype is None:  # storage types change what a tile costs (f16 operands halve the loads)

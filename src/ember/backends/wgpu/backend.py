@@ -1,5 +1,9 @@
 """wgpu backend: storage buffers behind handles, kernels from kernels/*.wgsl, one submit per execute().
 
+The device side lives here: memory, the pipeline cache, dispatch recording, encoding and replay, readback and
+profiling. The kernels live in their own modules, which register their record functions in program.KERNELS;
+the ComputeBackend methods at the bottom look them up there (this module imports no kernel module).
+
 Kernels are specialised by baking shapes into the WGSL text (a plan is per input-shape signature, so each
 shape compiles once); pipelines are cached by (kernel, specialisation), so replaying the same shapes
 creates no new pipelines (`pipelines_created` counts them).
@@ -13,7 +17,7 @@ import string
 import time
 import weakref
 from importlib import resources
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import wgpu
@@ -23,20 +27,18 @@ from ...core.expr import Expr
 from ...core.view import View
 from ..base import ComputeBackend, OutOfMemoryError
 from . import device as dev
-
-# WebGPU buffer sizes and copy sizes must be multiples of 4; 16 keeps vec4 loads of a tail in bounds.
-BUFFER_ALIGN = 16
-WORKGROUPS_PER_DIM = 65535
-
+from .program import BUFFER_ALIGN, KERNELS, NUMPY_STORAGE, WORKGROUPS_PER_DIM, Copy, Dispatch, Replay, storage_type
 
 PROFILE_WARMUP_S = 0.05  # see profile()
 # Kernels' transient buffers (WgpuBackend.scratch): each kernel gets its own while the backend's private scratch
 # stays within settings.SCRATCH_PRIVATE_MB; beyond that one buffer per role is shared (settings.SHARED_SCRATCH).
 # Sharing costs a few % of GPU time for a fraction of the memory (BENCHMARKS.md, "scratch").
 PROFILE_REPS = 3
-# gpu_time keeps stamping runs for at least this long and reports the fastest: an H200 idle for a few seconds
-# (say while a model compiles) read ResNet-18 batch 8 at 7.6 ms for ~0.5 s of stamped runs, then 1.5 ms.
+# gpu_time keeps stamping runs for at least this long and reports the fastest: a GPU idle for a few seconds (say
+# while a model compiles) reads several times slow for a fraction of a second of stamped runs (BENCHMARKS.md).
 GPU_TIME_MIN_S = 1.0
+# WGSL that uses f16 and so needs `enable f16;` (WgpuBackend.pipeline adds it).
+USES_F16 = re.compile(r"\bf16\b|vec[234]h\b")
 _NULL: Any = None
 _FFI: Any = None
 _LIBF: Any = None
@@ -57,80 +59,6 @@ def _raw_lib() -> Any:
 
         _MAP_CALLBACK = map_done  # module-level: a cffi callback must outlive every call into it
     return _api.lib
-
-
-class Dispatch(NamedTuple):
-    pipeline: Any
-    bind_group: Any
-    grid: tuple[int, int, int]
-    label: str
-    # GPUBuffers bound directly (a kernel's scratch): a bind group keeps the native buffer alive but not wgpu-py's
-    # object, and backend.scratch shares a buffer only while some recorded step holds that object.
-    keep: tuple = ()
-
-
-class Copy(NamedTuple):
-    src: Any
-    src_offset: int
-    dst: Any
-    dst_offset: int
-    size: int
-
-
-class Replay(NamedTuple):
-    """Steps resolved once to wgpu-native handles, so a replay's loop does no attribute lookups.
-
-    `segments`: per compute pass a list of (pipeline, bind group, x, y, z), where pipeline / bind group are
-    None when the previous dispatch of the pass set the same one; per copy a tuple of
-    copyBufferToBuffer's arguments. `steps` keeps the wgpu-py objects owning those handles alive.
-    `ahead`: the next run's command buffer, encoded while the GPU works on this run (0 or 1 raw handles).
-    """
-
-    steps: list
-    segments: list
-    ahead: list
-
-
-def storage_type(dtype: np.dtype) -> str:
-    """The WGSL element type a logical dtype is stored as on the device."""
-    kind = np.dtype(dtype).kind
-    if kind == "f":
-        if np.dtype(dtype).itemsize > 4:
-            raise NotImplementedError(f"wgpu backend: {np.dtype(dtype).name} tensors are not supported on the GPU")
-        # float16 is stored as WGSL f16 (kernels compute in f32): needs the adapter's shader-f16 feature.
-        return "f16" if np.dtype(dtype).itemsize == 2 else "f32"
-    if kind == "b":
-        return "u32"
-    if kind in "iu":
-        return "i32"  # WGSL has no 64-bit integers; int64 values are stored as i32 (checked on upload)
-    raise NotImplementedError(f"wgpu backend: dtype {np.dtype(dtype).name} is not supported")
-
-
-NUMPY_STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "i32": np.dtype(np.int32),
-                 "u32": np.dtype(np.uint32)}
-_USES_F16 = re.compile(r"\bf16\b|vec[234]h\b")
-
-
-def as_f32(raw: str, storage: str, vec4: bool = False) -> str:
-    """WGSL for a loaded float element (or vec4) as f32: kernels compute f16 storage in f32."""
-    if storage != "f16":
-        return raw
-    return f"vec4<f32>({raw})" if vec4 else f"f32({raw})"
-
-
-def from_f32(value: str, storage: str, vec4: bool = False) -> str:
-    """WGSL for an f32 `value` (or vec4) converted for a store to `storage`: f16 is rounded once, here."""
-    if storage != "f16":
-        return value
-    return f"vec4<f16>({value})" if vec4 else f"f16({value})"
-
-
-def grid_1d(groups: int) -> tuple[int, int, int]:
-    """Spread `groups` workgroups over x and y: each dimension is capped at 65,535."""
-    if groups <= WORKGROUPS_PER_DIM:
-        return (max(groups, 1), 1, 1)
-    y = -(-groups // WORKGROUPS_PER_DIM)
-    return (-(-groups // y), y, 1)
 
 
 class WgpuBackend(ComputeBackend):
@@ -169,9 +97,7 @@ class WgpuBackend(ComputeBackend):
     def autotune_scope(self, enabled: bool | None) -> Any:
         """A context manager: GEMM/conv tile autotune on/off (None: EMBER_AUTOTUNE, else on for hardware adapters)
         for what this thread records inside it; yields a dict counting what tuning did there. See autotune.py."""
-        from .autotune import scope
-
-        return scope(self, enabled)
+        return KERNELS["autotune_scope"](self, enabled)
 
     # ---- memory -----------------------------------------------------------------------------------
     def _device_alloc(self, handle: int, nbytes: int) -> None:
@@ -219,8 +145,8 @@ class WgpuBackend(ComputeBackend):
         Winograd's transformed tiles). The sequence's own while the private scratch alive stays within
         SCRATCH_PRIVATE_BYTES (sharing costs a few % of GPU time, see there); past it, shared by every sequence
         recorded for `role`: each writes it before reading it within one command buffer, and the queue runs
-        command buffers one at a time, so sequences never see each other's data. ResNet-18 batch 8's 13 Winograd
-        convs have a V and an M each (~200 MB); shared, 3 scratch buffers of 35 MB (lavapipe's plan). The
+        command buffers one at a time, so sequences never see each other's data: a model's many Winograd convs,
+        each with a V and an M of its own, then share one buffer per role (BENCHMARKS.md, "scratch"). The
         recorded steps hold the buffer (Dispatch.keep); when none does, it is freed (weak references here)."""
         size = -(-max(nbytes, 16) // BUFFER_ALIGN) * BUFFER_ALIGN
         budget = int(settings.SCRATCH_PRIVATE_MB.get() * (1 << 20))
@@ -296,7 +222,7 @@ class WgpuBackend(ComputeBackend):
     def pipeline(self, label: str, source: str, *, trusted: bool = True) -> Any:
         """A compute pipeline for WGSL `source` (entry point `main`), built once and cached."""
         trusted = trusted and not self.checked
-        if _USES_F16.search(source) and not source.lstrip().startswith("enable f16;"):
+        if USES_F16.search(source) and not source.lstrip().startswith("enable f16;"):
             if "shader-f16" not in self.features:
                 raise NotImplementedError(f"wgpu: kernel {label!r} stores float16, but this adapter "
                                           f"({self.adapter_name}) lacks the shader-f16 feature")
@@ -345,7 +271,7 @@ class WgpuBackend(ComputeBackend):
         T(run with step i executed twice) - T(run), T from stamps bracketing the whole command buffer, min of
         PROFILE_REPS. Stamping each step's own pass does not work there: a pass's beginning stamp is taken when
         the pass is reached, not when earlier work has drained, and a step alone in its own submit reads several
-        times its in-stream time (an H200 ResNet-18 batch-1 conv: 0.1 ms alone, 0.02 ms in the stream).
+        times its in-stream time (BENCHMARKS.md).
         method "isolated" (default on software adapters, where n + 1 whole runs would be slow): each step in its
         own stamped pass and submit.
         """
@@ -378,7 +304,7 @@ class WgpuBackend(ComputeBackend):
 
     def _warm_up(self, steps: list) -> None:
         """Run `steps` for PROFILE_WARMUP_S on a hardware GPU before timing it: GPUs drop their clocks within
-        milliseconds of idling (an H200 read kernels 2-3x slow right after the host had been busy)."""
+        milliseconds of idling, and kernels timed right after the host had been busy read several times slow."""
         if self.adapter.info["adapter_type"] == "CPU":
             return
         end = time.perf_counter() + PROFILE_WARMUP_S
@@ -417,8 +343,8 @@ class WgpuBackend(ComputeBackend):
         """Encode steps: consecutive dispatches share one compute pass; copies go between passes.
 
         Dispatches go straight to wgpu-native's C functions: wgpu-py's wrappers build cffi arrays and check
-        arguments on every call (~10 µs per dispatch from Python), and recorded steps were validated once,
-        when they were built. EMBER_WGPU_PY_ENCODE=1 takes the wrapper path instead.
+        arguments on every call (a cost per dispatch from Python, BENCHMARKS.md), and recorded steps were
+        validated once, when they were built. EMBER_WGPU_PY_ENCODE=1 takes the wrapper path instead.
         """
         raw = _raw_lib() if not settings.WGPU_PY_ENCODE.get() else None
         cpass = None
@@ -535,9 +461,9 @@ class WgpuBackend(ComputeBackend):
 
     def input_writer(self, handle: int, dtype: Any) -> Any:
         """upload() for a plan input: an array already in the storage dtype, C-contiguous and a whole number of
-        words goes straight to wgpuQueueWriteBuffer (~7 µs less per input than queue.write_buffer's wrapper);
-        anything else takes upload(). (A persistent mapped staging buffer per input was measured on the H200:
-        no faster at the 10th percentile and slower at the median, see BENCHMARKS.md.)"""
+        words goes straight to wgpuQueueWriteBuffer (cheaper per input than queue.write_buffer's wrapper);
+        anything else takes upload(). (A persistent mapped staging buffer per input was tried and was no faster,
+        see BENCHMARKS.md.)"""
         upload = self.upload
         if settings.WGPU_PY_ENCODE.get() or NUMPY_STORAGE[storage_type(dtype)] != np.dtype(dtype):
             return functools.partial(upload, handle)
@@ -562,8 +488,8 @@ class WgpuBackend(ComputeBackend):
     def _map_read(self, staging: Any, size: int) -> bytes:
         """The first `size` bytes of a MAP_READ buffer, after all submitted work.
 
-        wgpu-py's map_async submits an empty command buffer first and waits through its poll thread (~90 µs
-        on lavapipe); here the map is waited for by polling the device on this thread.
+        wgpu-py's map_async submits an empty command buffer first and waits through its poll thread (a fixed
+        cost per readback, BENCHMARKS.md); here the map is waited for by polling the device on this thread.
         """
         if settings.WGPU_PY_ENCODE.get():
             staging.map_async("READ").sync_wait()
@@ -589,69 +515,61 @@ class WgpuBackend(ComputeBackend):
         finally:
             lib.wgpuBufferUnmap(buf)
 
-    # ---- primitives -------------------------------------------------------------------------------
+    # ---- primitives: the ComputeBackend methods, each forwarded to the kernel registered under its name -------
     def record_elementwise(self, expr: Expr, inputs: list[View], out: View) -> list:
-        from .elementwise import record_elementwise
-
-        return record_elementwise(self, expr, inputs, out)
+        return KERNELS["record_elementwise"](self, expr, inputs, out)
 
     def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
                       beta: float = 1.0, act: Expr | None = None) -> list:
-        from .matmul import record_matmul
-
-        return record_matmul(self, a, b, out, alpha=alpha, bias=bias, beta=beta, act=act)
+        return KERNELS["record_matmul"](self, a, b, out, alpha=alpha, bias=bias, beta=beta, act=act)
 
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
                     act: Expr | None = None, residual: View | None = None, const_weight: bool = False) -> list:
-        from .conv import record_conv
+        return KERNELS["record_conv"](self, x, w, bias, out, stride, pads, dilation, groups, act, residual)
 
-        return record_conv(self, x, w, bias, out, stride, pads, dilation, groups, act, residual)
-
-    # Winograd F(2, 3) and F(4, 3) for 3x3 stride-1 convs (winograd.py: kernels, scratch, the cost model).
+    # Winograd F(2, 3) and F(4, 3) for 3x3 stride-1 convs (winograd.py: kernels and scratch; winograd_cost.py: the
+    # cost model).
     winograd_tiles = (2, 4)
 
     def winograd_tile(self, n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
-        from .winograd import choose_tile
-
-        return choose_tile(self, n, c, k, p, q, dtype)
+        return KERNELS["winograd_tile"](self, n, c, k, p, q, dtype)
 
     def record_conv_winograd(self, x: View, u: View, bias: View | None, out: View, pads: tuple[int, int, int, int],
                              m: int, act: Expr | None = None, residual: View | None = None) -> list:
-        from .winograd import record_conv_winograd
-
-        return record_conv_winograd(self, x, u, bias, out, pads, m, act, residual)
+        return KERNELS["record_conv_winograd"](self, x, u, bias, out, pads, m, act, residual)
 
     def record_reduce_axes(self, op: str, x: View, out: View, n_reduce: int) -> list:
-        from .reduce import record_reduce_axes
-
-        return record_reduce_axes(self, op, x, out, n_reduce)
+        return KERNELS["record_reduce_axes"](self, op, x, out, n_reduce)
 
     def record_pool(self, kind: str, x: View, out: View, kernel: tuple[int, int], stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], count_include_pad: bool,
                     p: int = 2) -> list:
-        from .pool import record_pool
-
-        return record_pool(self, kind, x, out, kernel, stride, pads, dilation, count_include_pad, p)
+        return KERNELS["record_pool"](self, kind, x, out, kernel, stride, pads, dilation, count_include_pad, p)
 
     def record_gather(self, data: View, indices: View, axis: int, out: View) -> list:
-        from .gather import record_gather
-
-        return record_gather(self, data, indices, axis, out)
+        return KERNELS["record_gather"](self, data, indices, axis, out)
 
     def record_attention_views(self, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
                                causal: bool) -> list:
-        from .attention import record_attention_views
-
-        return record_attention_views(self, q, k, v, mask, out, scale, causal)
+        return KERNELS["record_attention_views"](self, q, k, v, mask, out, scale, causal)
 
     def record_norm(self, kind: str, x: View, scale: View | None, bias: View | None, out: View, n: int,
                     eps: float) -> list:
-        from .norm import record_norm
-
-        return record_norm(self, kind, x, scale, bias, out, n, eps)
+        return KERNELS["record_norm"](self, kind, x, scale, bias, out, n, eps)
 
     def record_softmax(self, x: View, out: View, n: int, log: bool) -> list:
-        from .softmax import record_softmax
+        return KERNELS["record_softmax"](self, x, out, n, log)
 
-        return record_softmax(self, x, out, n, log)
+    # ---- loop primitives (loops.py) ------------------------------------------------------------------------
+    def record_scan(self, op: str, x: View, out: View, axis: int, exclusive: bool, reverse: bool) -> list:
+        return KERNELS["record_scan"](self, op, x, out, axis, exclusive, reverse)
+
+    def record_topk(self, x: View, values: View, indices: View, axis: int, k: int, largest: bool) -> list:
+        return KERNELS["record_topk"](self, x, values, indices, axis, k, largest)
+
+    def record_scatter(self, out: View, offsets: View, updates: View, reduction: str) -> list:
+        return KERNELS["record_scatter"](self, out, offsets, updates, reduction)
+
+    def record_dft(self, x: View, out: View, length: int, inverse: bool, onesided: bool) -> list:
+        return KERNELS["record_dft"](self, x, out, length, inverse, onesided)

@@ -90,10 +90,10 @@ def create_device(adapter: Any) -> Any:
 def create_shader_module(device: Any, code: str, label: str, trusted: bool) -> Any:
     """A shader module; `trusted` skips naga's bounds clamps and loop-bounding counters.
 
-    Trusted modules run up to 40x faster on NVIDIA (../shared notes: a checked matmul 0.79 TFLOP/s, the same
-    kernel trusted 30), but an out-of-bounds index is then undefined behaviour: only for kernels whose bounds
-    the host has checked. wgpu-py has no public call for it, so this reaches wgpu-native through wgpu-py's
-    cffi handles; wgpu is pinned to 0.32.x for that reason, and tests cover both modes.
+    Trusted modules run many times faster on NVIDIA (BENCHMARKS.md), but an out-of-bounds index is then
+    undefined behaviour: only for kernels whose bounds the host has checked. wgpu-py has no public call for it,
+    so this reaches wgpu-native through wgpu-py's cffi handles; wgpu is pinned to 0.32.x for that reason, and
+    tests cover both modes.
     """
     if not trusted:
         return device.create_shader_module(code=code, label=label)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...core.view import View
-from .backend import WgpuBackend, grid_1d, storage_type
+from .program import grid_1d, kernel, storage_type
+
+if TYPE_CHECKING:
+    from .backend import WgpuBackend
 
 
+@kernel("record_gather")
 def record_gather(be: WgpuBackend, data: View, indices: View, axis: int, out: View) -> list[Any]:
     if not (data.is_contiguous() and indices.is_contiguous() and out.is_contiguous()):
         raise ValueError("wgpu gather: views must be contiguous")

@@ -4,10 +4,13 @@ topk.wgsl, scatter.wgsl."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...core.view import View
-from .backend import WgpuBackend, grid_1d, storage_type
+from .program import grid_1d, kernel, storage_type
+
+if TYPE_CHECKING:
+    from .backend import WgpuBackend
 
 # f16 lines (float16 models) run in f16 like numpy's float16 cumsum; precision="f16" plans keep these ops in f32.
 _IDENT = {("sum", "f32"): "0.0", ("sum", "f16"): "0.0", ("sum", "i32"): "0i", ("prod", "f32"): "1.0",
@@ -26,7 +29,8 @@ def _numeric(dtype: Any, what: str) -> str:
     return t
 
 
-def record_scan(self: WgpuBackend, op: str, x: View, out: View, axis: int, exclusive: bool, reverse: bool,
+@kernel("record_scan")
+def record_scan(be: WgpuBackend, op: str, x: View, out: View, axis: int, exclusive: bool, reverse: bool,
                 ) -> list[Any]:
     if not (x.is_contiguous() and out.is_contiguous()):
         raise ValueError("wgpu scan: views must be contiguous")
@@ -34,14 +38,15 @@ def record_scan(self: WgpuBackend, op: str, x: View, out: View, axis: int, exclu
     outer, n, inner = _lines(x.shape, axis)
     if outer * n * inner == 0:
         return []
-    src = self.kernel_source("scan", T=t, LINES=outer * inner, N=n, INNER=inner, IDENT=_IDENT[op, t],
+    src = be.kernel_source("scan", T=t, LINES=outer * inner, N=n, INNER=inner, IDENT=_IDENT[op, t],
                              COMBINE="acc + v" if op == "sum" else "acc * v", EXCLUSIVE=str(exclusive).lower(),
                              REVERSE=str(reverse).lower(), X_OFF=x.offset, O_OFF=out.offset)
-    pipeline = self.pipeline(f"scan:{op}", src)
-    return [self.dispatch(pipeline, [x.handle, out.handle], grid_1d(-(-(outer * inner) // 256)), f"scan:{op}")]
+    pipeline = be.pipeline(f"scan:{op}", src)
+    return [be.dispatch(pipeline, [x.handle, out.handle], grid_1d(-(-(outer * inner) // 256)), f"scan:{op}")]
 
 
-def record_topk(self: WgpuBackend, x: View, values: View, indices: View, axis: int, k: int, largest: bool,
+@kernel("record_topk")
+def record_topk(be: WgpuBackend, x: View, values: View, indices: View, axis: int, k: int, largest: bool,
                 ) -> list[Any]:
     if not (x.is_contiguous() and values.is_contiguous() and indices.is_contiguous()):
         raise ValueError("wgpu topk: views must be contiguous")
@@ -50,13 +55,14 @@ def record_topk(self: WgpuBackend, x: View, values: View, indices: View, axis: i
     total = outer * n * inner
     if total == 0 or k == 0:
         return []
-    src = self.kernel_source("topk", T=t, TOTAL=total, N=n, INNER=inner, K=k, CMP=">" if largest else "<",
+    src = be.kernel_source("topk", T=t, TOTAL=total, N=n, INNER=inner, K=k, CMP=">" if largest else "<",
                              X_OFF=x.offset, V_OFF=values.offset, I_OFF=indices.offset)
-    pipeline = self.pipeline("topk", src)
-    return [self.dispatch(pipeline, [x.handle, values.handle, indices.handle], grid_1d(-(-total // 256)), "topk")]
+    pipeline = be.pipeline("topk", src)
+    return [be.dispatch(pipeline, [x.handle, values.handle, indices.handle], grid_1d(-(-total // 256)), "topk")]
 
 
-def record_scatter(self: WgpuBackend, out: View, offsets: View, updates: View, reduction: str) -> list[Any]:
+@kernel("record_scatter")
+def record_scatter(be: WgpuBackend, out: View, offsets: View, updates: View, reduction: str) -> list[Any]:
     if not (out.is_contiguous() and offsets.is_contiguous() and updates.is_contiguous()):
         raise ValueError("wgpu scatter: views must be contiguous")
     t = storage_type(out.dtype)
@@ -66,13 +72,9 @@ def record_scatter(self: WgpuBackend, out: View, offsets: View, updates: View, r
     if t == "u32" and reduction != "none":
         raise NotImplementedError("wgpu scatter: reductions over bool tensors are not supported")
     serial = reduction != "none"
-    src = self.kernel_source("scatter", T=t, M=m, SIZE=out.size, COMBINE=_COMBINE[reduction],
+    src = be.kernel_source("scatter", T=t, M=m, SIZE=out.size, COMBINE=_COMBINE[reduction],
                              SERIAL=str(serial).lower(), OUT_OFF=out.offset, OFF_OFF=offsets.offset,
                              UPD_OFF=updates.offset)
-    pipeline = self.pipeline(f"scatter:{reduction}", src)
+    pipeline = be.pipeline(f"scatter:{reduction}", src)
     grid = (1, 1, 1) if serial else grid_1d(-(-m // 256))
-    return [self.dispatch(pipeline, [offsets.handle, updates.handle, out.handle], grid, f"scatter:{reduction}")]
-
-
-for _name in ("record_scan", "record_topk", "record_scatter"):
-    setattr(WgpuBackend, _name, globals()[_name])
+    return [be.dispatch(pipeline, [offsets.handle, updates.handle, out.handle], grid, f"scatter:{reduction}")]

@@ -7,11 +7,14 @@ write the normalised row. The launch helpers here are shared with softmax.py.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...core.view import View
-from .backend import WgpuBackend, as_f32, from_f32, grid_1d, storage_type
-from .elementwise import PRELUDE, float_literal
+from .program import as_f32, from_f32, grid_1d, kernel, storage_type
+from .shader.wgsl import PRELUDE, float_literal
+
+if TYPE_CHECKING:
+    from .backend import WgpuBackend
 
 WG_MAX = 256
 PER_LANE = 4  # elements per lane the launch aims for, before lanes per row reach WG_MAX
@@ -213,6 +216,7 @@ def _elem(reads: Reads, name: str, off: int, stride: int) -> str:
     return reads.get(name, f"{off}u + i{'' if stride == 1 else f' * {stride}u'}")
 
 
+@kernel("record_norm")
 def record_norm(be: WgpuBackend, kind: str, x: View, scale: View | None, bias: View | None, out: View, n: int,
                 eps: float) -> list[Any]:
     if kind not in KINDS:

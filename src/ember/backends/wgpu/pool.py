@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...core.view import View
-from .backend import WgpuBackend, grid_1d, storage_type
-from .elementwise import PRELUDE
+from .program import grid_1d, kernel, storage_type
+from .shader.wgsl import PRELUDE
+
+if TYPE_CHECKING:
+    from .backend import WgpuBackend
 
 KINDS = {"max": 0, "avg": 1, "lp": 2}
 
 
+@kernel("record_pool")
 def record_pool(be: WgpuBackend, kind: str, x: View, out: View, kernel: tuple[int, int], stride: tuple[int, int],
                 pads: tuple[int, int, int, int], dilation: tuple[int, int], count_include_pad: bool,
                 p: int = 2) -> list[Any]:

@@ -11,9 +11,8 @@ A reduction is a set of rows (one per output) of R elements each. The launch sha
   chunks reduced by separate workgroups into a scratch buffer of partial states ([output][chunk]), then a
   second dispatch of the same kernel combines each output's contiguous row of partials.
 
-Each lane keeps four loads in flight. Measured on an H200 (Vulkan), float32: 3.7 TB/s summing 8192 rows of
-4096, 3.3 TB/s over the slow axis of a 4096 x 8192 matrix, 3.75 TB/s for one sum of 2^26 elements (torch
-CUDA: 3.6, 3.1, 3.9 TB/s).
+Each lane keeps four loads in flight, which brings all three layouts near a large GPU's memory bandwidth
+(BENCHMARKS.md).
 
 Every op is a state S = (a, b), an identity, a load (element -> state), an associative combine and a final
 step, so the same kernel serves sum/mean/prod/min/max/norms, logsumexp (online max + rescaled sum) and the
@@ -24,18 +23,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import wgpu
 
 from ...core.view import View
-from .backend import WgpuBackend, grid_1d, storage_type
-from .elementwise import PRELUDE, int_literal
+from .program import grid_1d, kernel, storage_type
+from .shader.wgsl import PRELUDE, int_literal
+
+if TYPE_CHECKING:
+    from .backend import WgpuBackend
 
 WG_MAX = 256
 USE_SUBGROUPS = True  # tests switch this off to cover the workgroup-memory path on a subgroup device
 # A launch of fewer threads than this, over long rows, splits the rows into chunks (two passes): with four
-# loads in flight per thread, ~2^18 threads cover the latency of a large GPU's memory (H200: 4.8 TB/s).
+# loads in flight per thread, ~2^18 threads cover the latency of a large GPU's memory.
 TARGET_THREADS = 1 << 18
 MIN_PER_LANE = 32  # elements each lane folds in a chunk, at least
 SPLIT_MAX = 1024
@@ -265,6 +267,7 @@ def _range(p: _Pass, n_out: int, o_major: bool) -> str:
             f"    let end = select(start, min({p.r}u, start + {p.chunk}u), valid);")
 
 
+@kernel("record_reduce_axes")
 def record_reduce_axes(be: WgpuBackend, op: str, x: View, out: View, n_reduce: int) -> list[Any]:
     if op not in OPS:
         raise ValueError(f"op: unknown reduction {op!r}; valid: {', '.join(OPS)}")

@@ -6,11 +6,14 @@ sum exp(x - max) and write the row; the launch and lane-reduction helpers are no
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...core.view import View
 from . import norm
-from .backend import WgpuBackend, grid_1d
+from .program import grid_1d, kernel
+
+if TYPE_CHECKING:
+    from .backend import WgpuBackend
 
 HEADER = """\
 // (Log)softmax. Bindings (group 0): 0 x (read; absent when x is out's own window, read through `out`), 1 out
@@ -25,6 +28,7 @@ fn is_finite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800
 fn exp_le0(d: f32) -> f32 { return select(exp(d), 0.0, d < -104.0); }"""
 
 
+@kernel("record_softmax")
 def record_softmax(be: WgpuBackend, x: View, out: View, n: int, log: bool) -> list[Any]:
     rows = norm.check_rows(x, out, n)
     if rows == 0:

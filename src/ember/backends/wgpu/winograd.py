@@ -1,9 +1,9 @@
-"""Winograd F(m x m, 3 x 3) convolution on the wgpu backend (ops/winograd.py has the algorithm and the layouts).
+"""Winograd F(m x m, 3 x 3) convolution on the wgpu backend (core/winograd.py has the algorithm and the layouts).
 
 Three kernels per chunk of tiles, one after the other in the stream:
 1. input transform (kernels/winograd_input.wgsl, body generated here): x (N, C, H, W) -> V (alpha^2, C, Tp), one
    thread per (channel, tile); B^T d B unrolled with the matrices' literals (zeros skipped, +-1 as adds).
-2. alpha^2 batched products M[p] = U[p] @ V[p], (K x C) @ (C x T), through matmul.py's generated tiled kernel
+2. alpha^2 batched products M[p] = U[p] @ V[p], (K x C) @ (C x T), through the generated tiled GEMM kernel (gemm.py)
    (Z = alpha^2; its tile / split-K plan from plan_gemm or the autotuner, like every other GEMM).
 3. output transform (kernels/winograd_output.wgsl, body generated here): M (alpha^2, K, Tp) -> out (N, K, P, Q), one
    thread per (output channel, tile): A^T M A, then the conv epilogue (bias, activation, the store in out's storage
@@ -23,67 +23,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ...core import winograd as wg
+from ...core import winograd as winograd_math
 from ...core.expr import Expr
 from ...core.view import View
-from . import matmul as mm
-from .backend import WgpuBackend, grid_1d
-from .elementwise import PRELUDE, float_literal
-from .matmul import (
-    Bindings,
-    Epilogue,
-    Loader,
-    Tile,
-    addr,
-    binding_windows,
-    check_operands,
-    rebase_view,
-    require_float,
-    strided_loader,
-    u,
-)
+from .gemm import record_gemm_kernel
+from .program import grid_1d, kernel
+from .shader.bindings import Bindings, binding_windows, check_operands, rebase_view, require_float
+from .shader.epilogue import Epilogue
+from .shader.loaders import Loader, strided_loader
+from .shader.tiles import Tile
+from .shader.wgsl import PRELUDE, addr, float_literal, u32
+
+if TYPE_CHECKING:
+    from .backend import WgpuBackend
 
 TRANSFORM_WORKGROUP = 128
-
-# ---- when to take Winograd (WgpuBackend.winograd_tile) ----------------------------------------------------------
-# Hardware GPUs: a 3x3 stride-1 conv goes through Winograd when its direct form does at least WINOGRAD_MIN_MACS
-# multiply-adds (N*P*Q*C*K*9), both channel counts are at least WINOGRAD_MIN_CHANNELS, and the roofline estimate
-# (estimate_s) says the best F(m, 3) is WINOGRAD_MIN_GAIN times faster than the implicit-GEMM conv. ResNet-18's
-# 3x3 stride-1 convs do 116 M MACs each at batch 1 and 925 M at batch 8: the default threshold takes batch 8 and
-# leaves batch 1 to the direct kernel (three launches and two scratch round trips on 15-22 us convs). Tune it on the
-# GPU with bench/bench_winograd.py (its "pick" column is what this rule chooses, "model ms" the estimate).
-WINOGRAD_MIN_MACS = 256 * 1000 * 1000
-WINOGRAD_MIN_CHANNELS = 32
-WINOGRAD_MIN_GAIN = 1.15
-# Tiles the rule picks from, float16 models included: they get a float32 U (ops/nn.py), since with U rounded to
-# f16 F(4, 3)'s output transform (entries up to 8) amplified that rounding to 3-5e-3 of max|out| on lavapipe.
-AUTO_TILES = (2, 4)
-
-
-@dataclass(frozen=True)
-class CostProfile:
-    """The roofline estimate's machine: each kernel takes max(flops / gemm_flops, bytes / memory_bw) + launch_s,
-    the GEMMs' flops counted over whole tiles (plan_gemm's), so a narrow product (batch 1 at 7x7: 4 tiles of
-    F(4,3) in a 64-wide GEMM tile) pays its waste."""
-
-    gemm_flops: float
-    memory_bw: float
-    launch_s: float
-    min_macs: int
-    min_gain: float
-
-
-# Rough H200-through-Vulkan figures: the generated kernel's 16-25 TFLOP/s on convs, ~3 TB/s achieved.
-HARDWARE = CostProfile(20e12, 3e12, 3e-6, WINOGRAD_MIN_MACS, WINOGRAD_MIN_GAIN)
-# Software adapters (lavapipe on 2 cores, bench_winograd.py): ~3 GFLOP/s in the GEMMs, ~1.5 GB/s in the
-# transforms; the model's tile-padded flops matched the measured ratios (b1: F(4,3) 2.7x faster at 64@56x56 and
-# 128@28x28, F(2,3) 2.3x at 256@14x14, direct 1.7x faster than F(2,3) at 512@7x7). Only clear wins there, and
-# only on convs big enough that a test's small layers keep running the direct kernels.
-SOFTWARE = CostProfile(3e9, 1.5e9, 50e-6, 50 * 1000 * 1000, 1.5)
 
 
 @dataclass(frozen=True)
@@ -105,7 +61,7 @@ class WinoShape:
 
     @property
     def tiles_hw(self) -> tuple[int, int]:
-        return wg.tiles(self.p, self.q, self.m)
+        return winograd_math.tiles(self.p, self.q, self.m)
 
     @property
     def t(self) -> int:
@@ -154,14 +110,14 @@ def _edge_guards(size: int, pad: int, tiles: int, m: int, alpha: int, var: str) 
     conds: list[str | None] = []
     for r in range(alpha):
         lo, hi = r < pad, (tiles - 1) * m - pad + r >= size
-        conds.append(f"u32({var}{r}) < {u(size)}" if lo and hi else f"{var}{r} >= 0i" if lo
+        conds.append(f"u32({var}{r}) < {u32(size)}" if lo and hi else f"{var}{r} >= 0i" if lo
                      else f"{var}{r} < {size}i" if hi else None)
     return conds
 
 
 def _input_body(ws: WinoShape, binds: Bindings, x_handle: Any, tp: int) -> list[str]:
     a = ws.alpha
-    bt, _, _ = wg.matrices(ws.m)
+    bt, _, _ = winograd_math.matrices(ws.m)
     th, tw = ws.tiles_hw
     rows = _edge_guards(ws.h, ws.pt, th, ws.m, a, "hr")
     cols = _edge_guards(ws.w, ws.pl, tw, ws.m, a, "wc")
@@ -169,7 +125,7 @@ def _input_body(ws: WinoShape, binds: Bindings, x_handle: Any, tp: int) -> list[
     for r in range(a):
         if rows[r] is not None:
             lines.append(f"    let hr{r} = h0 + {r}i;")
-        lines.append(f"    let xr{r} = xb + u32(h0 + {r}i) * {u(ws.w)};")  # wraps outside the input: unused there
+        lines.append(f"    let xr{r} = xb + u32(h0 + {r}i) * {u32(ws.w)};")  # wraps outside the input: unused there
     for s in range(a):
         if cols[s] is not None:
             lines.append(f"    let wc{s} = w0 + {s}i;")
@@ -190,19 +146,19 @@ def _input_body(ws: WinoShape, binds: Bindings, x_handle: Any, tp: int) -> list[
     for i in range(a):
         for j in range(a):
             off = (i * a + j) * ws.c * tp
-            idx = "vb" if off == 0 else f"vb + {u(off)}"
+            idx = "vb" if off == 0 else f"vb + {u32(off)}"
             lines.append(f"    out[{idx}] = {_lin(bt[j], [f'e{i}_{s}' for s in range(a)])};")
     return lines
 
 
 def _output_body(ws: WinoShape, binds: Bindings, m_buf: Any, tp: int, residual: View | None) -> list[str]:
     a, m = ws.alpha, ws.m
-    _, _, at = wg.matrices(m)
+    _, _, at = winograd_math.matrices(m)
     th, tw = ws.tiles_hw
     lines = []
     for p in range(a * a):
         off = p * ws.k * tp
-        lines.append(f"    let m{p} = {binds.scalar(m_buf, 'mb' if off == 0 else f'mb + {u(off)}')};")
+        lines.append(f"    let m{p} = {binds.scalar(m_buf, 'mb' if off == 0 else f'mb + {u32(off)}')};")
     # f = A^T M, then y = f A.
     for i in range(m):
         for b in range(a):
@@ -218,14 +174,15 @@ def _output_body(ws: WinoShape, binds: Bindings, m_buf: Any, tp: int, residual: 
                 continue
             conds = []
             if (th - 1) * m + i >= ws.p:
-                conds.append(f"oh < {u(ws.p - i)}")
+                conds.append(f"oh < {u32(ws.p - i)}")
             if (tw - 1) * m + j >= ws.q:
-                conds.append(f"ow < {u(ws.q - j)}")
-            pix = "pix" if i * ws.q + j == 0 else f"pix + {u(i * ws.q + j)}"
+                conds.append(f"ow < {u32(ws.q - j)}")
+            pix = "pix" if i * ws.q + j == 0 else f"pix + {u32(i * ws.q + j)}"
             acc = f"y{i}_{j}"
             if residual is not None:
                 s0, s1, s2, s3 = residual.strides
-                idx = addr(residual.offset, [("img", s0), ("k", s1), (f"(oh + {u(i)})", s2), (f"(ow + {u(j)})", s3)])
+                idx = addr(residual.offset, [("img", s0), ("k", s1), (f"(oh + {u32(i)})", s2),
+                                             (f"(ow + {u32(j)})", s3)])
                 acc += f" + {binds.scalar(residual.handle, idx)}"
             call = f"epi({acc}, img, k, {pix});"
             lines.append(f"    if ({' && '.join(conds)}) {{ {call} }}" if conds else f"    {call}")
@@ -234,7 +191,7 @@ def _output_body(ws: WinoShape, binds: Bindings, m_buf: Any, tp: int, residual: 
 
 def _coords(ws: WinoShape, t0: int, tc: int, tp: int) -> dict[str, str]:
     th, tw = ws.tiles_hw
-    return dict(TC=u(tc), T0=u(t0), TW=u(tw), TH=u(th), M=u(ws.m), TP=u(tp))
+    return dict(TC=u32(tc), T0=u32(t0), TW=u32(tw), TH=u32(th), M=u32(ws.m), TP=u32(tp))
 
 
 def _record_input(be: WgpuBackend, ws: WinoShape, x: View, v_buf: Any, t0: int, tc: int, tp: int,
@@ -253,7 +210,7 @@ def _record_input(be: WgpuBackend, ws: WinoShape, x: View, v_buf: Any, t0: int, 
         "spread over x, y"])
     src = be.kernel_source(
         "winograd_input", HEADER=header, BINDINGS="\n".join(binds.declarations()), WORKGROUP=TRANSFORM_WORKGROUP,
-        TOTAL=u(total), PT=f"{ws.pt}i", PL=f"{ws.pl}i",
+        TOTAL=u32(total), PT=f"{ws.pt}i", PL=f"{ws.pl}i",
         XBASE=addr(x.offset, [("img", ws.c * ws.h * ws.w), ("c", ws.h * ws.w)]),
         BODY="\n".join(_input_body(ws, binds, x.handle, tp)), **_coords(ws, t0, tc, tp))
     label = f"winograd_input:F{ws.m}"
@@ -271,12 +228,12 @@ def _record_gemm(be: WgpuBackend, ws: WinoShape, uv: View, v_buf: Any, m_buf: An
         return strided_loader("b", tile.bn, binds, v_buf, 0, c * tp, 1, tp, tc, c, z)
 
     def make_epilogue(binds: Bindings, guard_m: bool, guard_n: bool) -> Epilogue:
-        conds = ([f"m >= {u(k)}"] if guard_m else []) + ([f"n >= {u(tc)}"] if guard_n else [])
-        return Epilogue(f"z * {u(k * tp)} + m * {u(tp)} + n", guard=" || ".join(conds) or None)
+        conds = ([f"m >= {u32(k)}"] if guard_m else []) + ([f"n >= {u32(tc)}"] if guard_n else [])
+        return Epilogue(f"z * {u32(k * tp)} + m * {u32(tp)} + n", guard=" || ".join(conds) or None)
 
     notes = [f"Winograd F({ws.m}x{ws.m}, 3x3) products M[p] = U[p] @ V[p], p < {z}: U ({z}, {k}, {c}), "
              f"V and M rows {tp} apart"]
-    return mm.record_gemm_kernel(be, "winograd_gemm", k, tc, c, z, m_buf, make_a, make_b, make_epilogue, notes,
+    return record_gemm_kernel(be, "winograd_gemm", k, tc, c, z, m_buf, make_a, make_b, make_epilogue, notes,
                                  windows, types)
 
 
@@ -304,7 +261,7 @@ def _record_output(be: WgpuBackend, ws: WinoShape, m_buf: Any, bias: View | None
         "spread over x, y"])
     src = be.kernel_source(
         "winograd_output", HEADER=header, PRELUDE=PRELUDE, BINDINGS="\n".join(binds.declarations()),
-        EPILOGUE=ep.function(binds), WORKGROUP=TRANSFORM_WORKGROUP, TOTAL=u(total), Q=u(ws.q),
+        EPILOGUE=ep.function(binds), WORKGROUP=TRANSFORM_WORKGROUP, TOTAL=u32(total), Q=u32(ws.q),
         BODY="\n".join(_output_body(ws, binds, m_buf, tp, residual)), **_coords(ws, t0, tc, tp))
     label = f"winograd_output:F{ws.m}"
     return [be.dispatch(be.pipeline(label, src), binds.buffers(), grid, label)]
@@ -313,8 +270,8 @@ def _record_output(be: WgpuBackend, ws: WinoShape, m_buf: Any, bias: View | None
 # ---- entry points -------------------------------------------------------------------------------------------------
 def winograd_shape(x: View, u_: View, bias: View | None, out: View, pads: tuple[int, int, int, int],
                    m: int) -> WinoShape:
-    if m not in wg.TILES:
-        raise ValueError(f"Winograd conv: m={m}; the wgpu backend implements F(m, 3) for m in {wg.TILES}")
+    if m not in winograd_math.TILES:
+        raise ValueError(f"Winograd conv: m={m}; the wgpu backend implements F(m, 3) for m in {winograd_math.TILES}")
     for name, v, rank in (("x", x, 4), ("u", u_, 3), ("out", out, 4)):
         if len(v.shape) != rank:
             raise ValueError(f"Winograd conv: {name} must be {rank}-D, got shape {v.shape}")
@@ -339,6 +296,7 @@ def winograd_shape(x: View, u_: View, bias: View | None, out: View, pads: tuple[
     return WinoShape(n, c, h, w, k, p, q, pt, pl, m)
 
 
+@kernel("record_conv_winograd")
 def record_conv_winograd(be: WgpuBackend, x: View, u_: View, bias: View | None, out: View,
                          pads: tuple[int, int, int, int], m: int, act: Expr | None = None,
                          residual: View | None = None) -> list:
@@ -371,46 +329,3 @@ def record_conv_winograd(be: WgpuBackend, x: View, u_: View, bias: View | None, 
         steps += _record_output(be, ws, m_buf, bias, residual, out, act, t0, cnt, tp, windows, types)
     return steps
 
-
-# ---- the cost model -------------------------------------------------------------------------------------------------
-def profile(be: WgpuBackend) -> CostProfile:
-    return SOFTWARE if be.adapter.info.get("adapter_type") == "CPU" else HARDWARE
-
-
-def _gemm_s(be: WgpuBackend, cp: CostProfile, m: int, n: int, k: int, z: int, nbytes: float) -> float:
-    tile, _ = mm.plan_gemm(be, m, n, k, z)
-    flops = 2.0 * z * math.ceil(m / tile.bm) * tile.bm * math.ceil(n / tile.bn) * tile.bn * k
-    return max(flops / cp.gemm_flops, nbytes / cp.memory_bw) + cp.launch_s
-
-
-def estimate_s(be: WgpuBackend, n: int, c: int, k: int, p: int, q: int, itemsize: int, m: int | None,
-               cp: CostProfile | None = None) -> float:
-    """Roofline seconds of a 3x3 stride-1 conv: direct (m None: the implicit GEMM) or Winograd F(m, 3)."""
-    cp = cp or profile(be)
-    x_bytes, out_bytes = itemsize * n * c * (p + 2) * (q + 2), itemsize * n * k * p * q
-    if m is None:
-        return _gemm_s(be, cp, k, n * p * q, 9 * c, 1, x_bytes + out_bytes + itemsize * 9 * k * c)
-    a2 = (m + 2) ** 2
-    th, tw = wg.tiles(p, q, m)
-    t = n * th * tw
-    v_bytes, m_bytes = 4.0 * a2 * c * t, 4.0 * a2 * k * t
-    transforms = (x_bytes + v_bytes + m_bytes + out_bytes) / cp.memory_bw + 2 * cp.launch_s
-    return transforms + _gemm_s(be, cp, k, t, c, a2, itemsize * a2 * k * c + v_bytes + m_bytes)
-
-
-def choose_tile(be: WgpuBackend, n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
-    """WgpuBackend.winograd_tile: the F(m, 3) to run a 3x3 stride-1 conv with, or None for the direct conv."""
-    cp = profile(be)
-    if n * p * q * c * k * 9 < cp.min_macs or min(c, k) < WINOGRAD_MIN_CHANNELS:
-        return None
-    itemsize = np.dtype(dtype).itemsize
-    direct = estimate_s(be, n, c, k, p, q, itemsize, None, cp)
-    tiles = AUTO_TILES
-    best = min(tiles, key=lambda m: estimate_s(be, n, c, k, p, q, itemsize, m, cp))
-    if estimate_s(be, n, c, k, p, q, itemsize, best, cp) * cp.min_gain > direct:
-        return None
-    try:
-        chunking(be, WinoShape(n, c, p + 2, q + 2, k, p, q, 1, 1, best))
-    except NotImplementedError:
-        return None
-    return best

@@ -14,6 +14,10 @@
 // mb) once, then rows and head_dim elements from their baked strides. Query head h reads kv head h / REP
 // (grouped-query attention). Every index is in range by construction (the host checks each view's extent;
 // rows and keys past the end are clamped and masked), so the module can run trusted.
+// Bindings (group 0): one read-only binding per distinct (buffer, byte range, vec4 or scalar) among q, k, v
+// and the mask (in0, in1, ...; an input in the output's buffer is read through o), then o (read_write) last.
+// Grid: grid_1d(GROUPS) workgroups of WG = GY * GX threads, GROUPS = B * HQ * QBLOCKS (a (batch, head,
+// query block) each).
 ${HEADER}
 
 fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }

@@ -1,10 +1,13 @@
-${HEADER}
-// Depthwise 2-D convolution (template, filled by conv.py): NCHW input, filter (K, 1, R, S), K = C * MULT;
+// Depthwise 2-D convolution (template, filled by conv_depthwise.py): NCHW input, filter (K, 1, R, S), K = C * MULT;
 // output channel k reads input channel k / MULT. One output element per thread (linear id over N*K*P*Q),
 // the R x S taps unrolled by the compiler, zero padding by bounds checks.
 // Placeholders: HEADER (bindings + grid comment), PRELUDE, BINDINGS, EPILOGUE (fn epi(acc, z = image,
 // m = channel, n = p*Q + q)), WORKGROUP, TOTAL, P, Q, K, C, MULT, H, W, R, S, SH, SW, PT, PL, DH, DW,
 // LOAD_X (of xc = n*C + c, hu, wu), LOAD_W (of wk = k*R*S, r, s).
+// Bindings (group 0): x, w, bias, residual read-only (those present, one binding per distinct buffer), then
+// out (read_write) last; the instance's list is in the header below.
+// Grid: grid_1d(ceil(N*K*P*Q / WORKGROUP)) workgroups of WORKGROUP threads, spread over x and y.
+${HEADER}
 ${PRELUDE}
 ${BINDINGS}
 

@@ -1,5 +1,4 @@
-${HEADER}
-// Direct 2-D convolution (template, filled by conv.py's _record_direct) for convs with few input channels and
+// Direct 2-D convolution (template, filled by conv_direct.py's record_direct) for convs with few input channels and
 // a large window, such as the stem of image models (3 -> 64 channels, 7x7, stride 2): there implicit GEMM's
 // K = C*R*S is short and its gather of the input dominates.
 //
@@ -14,11 +13,14 @@ ${HEADER}
 // unrolled, the kernel ran slower in whole models: cold instruction caches). The next channel's patch and
 // filter words are loaded into registers before the current channel's products, so those loads are in flight
 // while the products run.
-// Dispatch grid: (ceil(P/TP) * ceil(Q/16), K/KT, N).
+// Bindings (group 0): x, w, bias, residual read-only (those present, one binding per distinct buffer), then
+// out (read_write) last; the instance's list is in the header below.
+// Grid: (ceil(P/TP) * ceil(Q/16), K/KT, N) workgroups of THREADS = 32 * WARPS threads.
 // Placeholders: HEADER (bindings + grid comment), PRELUDE, BINDINGS, EPILOGUE (fn epi(acc, z = image,
 // m = channel, n = p*Q + q)), THREADS, KT, TILES_Q, TP, TQ, SH, SW, PT, PL, C, XS_SIZE, WS_VEC4, ROW0 (the
 // thread's first patch word), DECLS, LOAD_FIRST / LOAD_NEXT (channel 0 / c + 1 into the thread's registers),
 // STORE_FIRST / STORE (those registers into xs and ws), COMPUTE (channel c's products), EPILOGUE_STORE.
+${HEADER}
 ${PRELUDE}
 ${BINDINGS}
 

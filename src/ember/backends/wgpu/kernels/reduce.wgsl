@@ -4,6 +4,9 @@
 // memory). A row is an output (FINAL mode) or a chunk of one (PARTIAL mode: the states go to a scratch
 // buffer, reduced by a second dispatch of this kernel that reads them back).
 // Every index is in range by construction: rows past the end clamp to row 0 and fold nothing.
+// Bindings (group 0): 0 src (read), 1 src_b (read: a second pass's second state component, when the op has
+// one), 2 dst (read_write), 3 dst_b (read_write: a first pass's second state component, when the op has one).
+// Grid: grid_1d(ceil(ROWS / TX)) workgroups of TX * TY invocations.
 ${PRELUDE}
 fn is_finite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u; }
 

@@ -1,4 +1,6 @@
 // Row kernels (filled in by norm.py and softmax.py): one fused op over contiguous rows of N elements.
+// Bindings (group 0): the op's read-only inputs, then out (read_write); HEADER lists them per op (an input in
+// out's buffer is read through out).
 ${HEADER}
 //
 // Grid: grid_1d(ceil(ROWS / TX)) workgroups of TX * TY invocations: TX rows per workgroup, TY lanes per row,

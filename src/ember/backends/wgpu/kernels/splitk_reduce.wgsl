@@ -1,9 +1,12 @@
-${HEADER}
-// Split-K reduce (template, filled by matmul.py): the tiled kernel wrote SPLITS partial sums
+// Split-K reduce (template, filled by gemm.py): the tiled kernel wrote SPLITS partial sums
 // part[s, z, m, n] (s-major, each a contiguous Z x M x N block); one thread per output element adds them in
 // order and applies the matmul/conv epilogue (alpha, bias, activation, output layout) through epi().
 // Placeholders: HEADER (bindings + grid comment), PRELUDE, BINDINGS, EPILOGUE (fn epi(acc, z, m, n)),
 // WORKGROUP, TOTAL (= Z*M*N), M, N, SPLITS, PART (the binding holding the partial sums).
+// Bindings (group 0): the partial sums (PART) and the epilogue's bias / residual read-only, then out
+// (read_write) last; the instance's list is in the header below.
+// Grid: grid_1d(ceil(Z*M*N / WORKGROUP)) workgroups of WORKGROUP threads, spread over x and y.
+${HEADER}
 ${PRELUDE}
 ${BINDINGS}
 

@@ -1,4 +1,3 @@
-${HEADER}
 // Winograd F(m x m, 3 x 3) input transform (template, filled by winograd.py): x (N, C, H, W) -> V (alpha^2, C, Tp).
 // One thread per (channel c, tile t) of a chunk of TC tiles starting at tile T0, linear id gid = c * TC + tl
 // (consecutive threads take consecutive tiles, so the alpha^2 stores, each at stride C * Tp, are coalesced).
@@ -7,6 +6,10 @@ ${HEADER}
 // matrix products unrolled by the generator (BODY).
 // Placeholders: HEADER, BINDINGS, WORKGROUP, TOTAL (= C * TC), TC, T0, TW, TH, M, PT, PL, TP, XBASE (of img, c),
 // BODY (loads of d, the transform, the stores into `out` at vb + p * C * Tp).
+// Bindings (group 0): x read-only, then out = the V scratch buffer (read_write); the instance's list is in
+// the header below.
+// Grid: grid_1d(ceil(C*TC / WORKGROUP)) workgroups of WORKGROUP threads, spread over x and y.
+${HEADER}
 ${BINDINGS}
 
 @compute @workgroup_size(${WORKGROUP})

@@ -1,0 +1,125 @@
+"""The program layer of the wgpu backend: what a kernel records and what it needs to know about the device.
+
+- Step types: a recorded `Dispatch` (pipeline, bind group, grid) or buffer `Copy`, and `Replay`, steps resolved
+  to wgpu-native handles for the replay loop (WgpuBackend.prepare).
+- Grids: `grid_1d` spreads a linear workgroup count over x and y (WORKGROUPS_PER_DIM each).
+- Storage types: the WGSL element type a logical dtype is stored as (`storage_type`, NUMPY_STORAGE) and the
+  f16 <-> f32 casts around loads and stores (`as_f32`, `from_f32`).
+- The kernel table: kernel modules register their record functions by name (`@kernel("record_matmul")`), and
+  WgpuBackend's ComputeBackend methods look them up in KERNELS, so the backend imports no kernel module and no
+  kernel module imports the backend (the package's __init__ imports both, which fills the table).
+
+Nothing here imports another module of the package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
+
+import numpy as np
+
+# WebGPU buffer sizes and copy sizes must be multiples of 4; 16 keeps vec4 loads of a tail in bounds.
+BUFFER_ALIGN = 16
+WORKGROUPS_PER_DIM = 65535
+
+
+class Dispatch(NamedTuple):
+    pipeline: Any
+    bind_group: Any
+    grid: tuple[int, int, int]
+    label: str
+    # GPUBuffers bound directly (a kernel's scratch): a bind group keeps the native buffer alive but not wgpu-py's
+    # object, and backend.scratch shares a buffer only while some recorded step holds that object.
+    keep: tuple = ()
+
+
+class Copy(NamedTuple):
+    src: Any
+    src_offset: int
+    dst: Any
+    dst_offset: int
+    size: int
+
+
+class Replay(NamedTuple):
+    """Steps resolved once to wgpu-native handles, so a replay's loop does no attribute lookups.
+
+    `segments`: per compute pass a list of (pipeline, bind group, x, y, z), where pipeline / bind group are
+    None when the previous dispatch of the pass set the same one; per copy a tuple of
+    copyBufferToBuffer's arguments. `steps` keeps the wgpu-py objects owning those handles alive.
+    `ahead`: the next run's command buffer, encoded while the GPU works on this run (0 or 1 raw handles).
+    """
+
+    steps: list
+    segments: list
+    ahead: list
+
+
+def grid_1d(groups: int) -> tuple[int, int, int]:
+    """Spread `groups` workgroups over x and y: each dimension is capped at 65,535."""
+    if groups <= WORKGROUPS_PER_DIM:
+        return (max(groups, 1), 1, 1)
+    rows = -(-groups // WORKGROUPS_PER_DIM)
+    return (-(-groups // rows), rows, 1)
+
+
+# ---- storage types ------------------------------------------------------------------------------------------
+def storage_type(dtype: np.dtype) -> str:
+    """The WGSL element type a logical dtype is stored as on the device."""
+    kind = np.dtype(dtype).kind
+    if kind == "f":
+        if np.dtype(dtype).itemsize > 4:
+            raise NotImplementedError(f"wgpu backend: {np.dtype(dtype).name} tensors are not supported on the GPU")
+        # float16 is stored as WGSL f16 (kernels compute in f32): needs the adapter's shader-f16 feature.
+        return "f16" if np.dtype(dtype).itemsize == 2 else "f32"
+    if kind == "b":
+        return "u32"
+    if kind in "iu":
+        return "i32"  # WGSL has no 64-bit integers; int64 values are stored as i32 (checked on upload)
+    raise NotImplementedError(f"wgpu backend: dtype {np.dtype(dtype).name} is not supported")
+
+
+NUMPY_STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "i32": np.dtype(np.int32),
+                 "u32": np.dtype(np.uint32)}
+
+
+def as_f32(raw: str, storage: str, vec4: bool = False) -> str:
+    """WGSL for a loaded float element (or vec4) as f32: kernels compute f16 storage in f32."""
+    if storage != "f16":
+        return raw
+    return f"vec4<f32>({raw})" if vec4 else f"f32({raw})"
+
+
+def from_f32(value: str, storage: str, vec4: bool = False) -> str:
+    """WGSL for an f32 `value` (or vec4) converted for a store to `storage`: f16 is rounded once, here."""
+    if storage != "f16":
+        return value
+    return f"vec4<f16>({value})" if vec4 else f"f16({value})"
+
+
+# ---- the kernel table ---------------------------------------------------------------------------------------
+class KernelTable(dict[str, Callable[..., Any]]):
+    """Name -> the function implementing it; WgpuBackend calls KERNELS[name](backend, ...) once per recording."""
+
+    def __missing__(self, name: str) -> Callable[..., Any]:
+        raise LookupError(f"wgpu backend: no kernel registered as {name!r}; the kernel modules register theirs "
+                          "when ember.backends.wgpu is imported")
+
+
+KERNELS = KernelTable()
+KernelFunction = TypeVar("KernelFunction", bound=Callable[..., Any])
+
+
+def kernel(name: str) -> Callable[[KernelFunction], KernelFunction]:
+    """Register the decorated function in KERNELS as `name` (a ComputeBackend method WgpuBackend forwards)."""
+
+    def register(function: KernelFunction) -> KernelFunction:
+        old = KERNELS.get(name)
+        if old is not None and (old.__module__, old.__qualname__) != (function.__module__, function.__qualname__):
+            raise ValueError(f"wgpu backend: kernel {name!r} is registered twice ({old.__module__}, "
+                             f"{function.__module__})")
+        KERNELS[name] = function
+        return function
+
+    return register
