@@ -63,7 +63,6 @@ def _raw_lib() -> Any:
 
 class WgpuBackend(ComputeBackend):
     name = "wgpu"
-    fused_f16 = True
     conv_residual = True
 
     def __init__(self, adapter: int | str | None = None, power_preference: str | None = None) -> None:

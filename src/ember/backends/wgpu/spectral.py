@@ -13,6 +13,8 @@ from .program import grid_1d, kernel
 if TYPE_CHECKING:
     from .backend import WgpuBackend
 
+MAX_LENGTH = 65535
+
 
 @kernel("record_dft")
 def record_dft(be: WgpuBackend, x: View, out: View, length: int, inverse: bool, onesided: bool) -> list[Any]:
@@ -22,6 +24,9 @@ def record_dft(be: WgpuBackend, x: View, out: View, length: int, inverse: bool, 
         raise ValueError("wgpu dft: views must be contiguous")
     if x.dtype != np.float32 or out.dtype != np.float32:
         raise NotImplementedError(f"wgpu DFT: float32 tensors only, got {x.dtype}")
+    if length > MAX_LENGTH:
+        # The phase k*n is formed in u32 before its reduction mod N.
+        raise NotImplementedError(f"wgpu DFT: transform length {length} above {MAX_LENGTH}")
     total = outer * lout * inner
     if total == 0:
         return []

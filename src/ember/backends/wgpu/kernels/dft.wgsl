@@ -5,11 +5,27 @@
 // Hermitian extension of x: x~[n] = conj(x[N - n]) for n >= LIN, and only the real part is written (OUT_C = 1).
 // Bindings: 0 x: array<f32>, 1 out: array<f32> (read_write).
 // Grid: ceil(OUTER*LOUT*INNER / 256) workgroups of 256 over x and y (grid_1d).
-// The phase k*n is reduced mod N in integers first, so the angle keeps full precision at any length.
+// The phase k*n is reduced mod N in integers, then to a quadrant and a fraction of it: the angle fed to cos/sin
+// stays below pi/2, and the quarter turns (DC, Nyquist, N/4) get exact 0 and +-1 twiddles, as an FFT's do.
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
 
-const TWO_PI: f32 = 6.283185307179586;
+const HALF_PI: f32 = 1.5707963267948966;
+
+// (cos, sin) of 2*pi * m / N for m < N.
+fn twiddle(m: u32) -> vec2<f32> {
+    let quarters = 4u * m;
+    let quadrant = quarters / ${N}u;
+    let a = HALF_PI * f32(quarters % ${N}u) / f32(${N}u);
+    let c = cos(a);
+    let s = sin(a);
+    switch quadrant {
+        case 0u: { return vec2<f32>(c, s); }
+        case 1u: { return vec2<f32>(-s, c); }
+        case 2u: { return vec2<f32>(-c, -s); }
+        default: { return vec2<f32>(s, -c); }
+    }
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -29,9 +45,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             conj = -1.0;
         }
         if (src < ${LIN}u) {
-            let angle = ${SIGN} * TWO_PI * f32((k * n) % ${N}u) / f32(${N}u);
-            let c = cos(angle);
-            let s = sin(angle);
+            let w = twiddle((k * n) % ${N}u);
+            let c = w.x;
+            let s = ${SIGN} * w.y;
             let base = ${X_OFFSET}u + ((o * ${LIN}u + src) * ${INNER}u + i) * ${C}u;
             let xr = x[base];
             let xi = select(0.0, conj * x[base + ${C}u - 1u], ${C}u == 2u);
