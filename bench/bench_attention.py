@@ -10,9 +10,8 @@ timestamps around one run) and by wall clock over `reps` back-to-back runs with 
 outputs (median of --repeat such batches). PyTorch SDPA and its eager decomposition when CUDA is present.
 The GPU is kept busy first so its clocks are up.
 
-Forcing one arm (flash against GEMM at the same shape, as BENCHMARKS.md's decoding table did) needs a public
-knob for the choice; the earlier version patched ember.ops.transformer.FLASH_MAX_SCORES. If a setting for it
-exists, --set applies it to the fused model.
+Force one arm (flash against GEMM at the same shape, as BENCHMARKS.md's decoding table did) with the setting
+for the choice: `--set attention=flash` or `--set attention=gemm` (EMBER_ATTENTION) applies to the fused model.
 """
 
 from __future__ import annotations

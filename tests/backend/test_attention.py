@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import ember
+from ember import settings
 from ember.backends.base import View
 
 from .helpers import download, poisoned, rel_err, upload
@@ -299,11 +300,11 @@ def test_views_rejects_view_past_allocation(wgpu_be: ember.ComputeBackend) -> No
         be.free(ho)
 
 
-def test_views_checked_shaders_agree(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_views_checked_shaders_agree(rng: np.random.Generator) -> None:
     """The view kernels built as checked shader modules (naga bounds checks) give the same answers."""
     assert "wgpu" in ember.available_backends(), "the test suite needs a wgpu adapter (lavapipe on CPU machines)"
-    monkeypatch.setenv("EMBER_CHECKED_SHADERS", "1")
-    checked = ember.backend("wgpu")
+    with settings.override(checked_shaders=True):
+        checked = ember.backend("wgpu")
     assert checked.checked
     mask = rng.uniform(-1, 1, (2, 1, 7, 12)).astype(np.float32)
     mask[0, 0, 1] = -np.inf

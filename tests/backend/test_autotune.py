@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ember
+from ember import settings
 from ember.backends.base import View
 from ember.backends.wgpu import autotune as at
 from ember.backends.wgpu import tune_cache
@@ -27,13 +28,12 @@ F32 = np.dtype(np.float32)
 
 
 @pytest.fixture
-def be(wgpu_be: ember.ComputeBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
+def be(wgpu_be: ember.ComputeBackend, tmp_path: Path) -> Iterator:
     """The wgpu backend with a fresh tuner (a new process, as far as tuning goes) and a private cache dir."""
-    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("EMBER_AUTOTUNE", raising=False)
-    wgpu_be._autotuner = None
-    yield wgpu_be
-    wgpu_be._autotuner = None
+    with settings.override(cache_dir=tmp_path / "cache", autotune=None):
+        wgpu_be._autotuner = None
+        yield wgpu_be
+        wgpu_be._autotuner = None
 
 
 def fresh_tuner(be: ember.ComputeBackend) -> at.Tuner:
@@ -334,12 +334,15 @@ def test_switches(be: ember.ComputeBackend, monkeypatch: pytest.MonkeyPatch) -> 
     t = at.tuner(be)
     software = be.adapter.info["adapter_type"] == "CPU"
     assert t.enabled() is not software  # default: on for GPUs, off for software adapters
-    monkeypatch.setenv("EMBER_AUTOTUNE", "0")
-    assert not t.enabled()
-    with be.autotune_scope(True):
-        assert t.enabled()  # load_onnx(autotune=True) wins over the environment
-    monkeypatch.setenv("EMBER_AUTOTUNE", "1")
-    assert t.enabled()
+    with settings.override(autotune=False):
+        assert not t.enabled()
+        with be.autotune_scope(True):
+            assert t.enabled()  # load_onnx(autotune=True) wins over the setting
+    with settings.override(autotune=None):
+        monkeypatch.setenv("EMBER_AUTOTUNE", "0")  # the variable itself, read when asked
+        assert not t.enabled()
+        monkeypatch.setenv("EMBER_AUTOTUNE", "1")
+        assert t.enabled()
     with be.autotune_scope(False):
         assert not t.enabled()
     with pytest.raises(TypeError, match="autotune"):

@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ember
+from ember import settings
 from ember.model import shared_backend
 
 F16, F32 = TensorProto.FLOAT16, TensorProto.FLOAT
@@ -63,7 +64,7 @@ CASES = {
 
 # Cases run with EMBER_WINOGRAD forcing a Winograd tile (f16 x / out around f32 scratch; the planner keeps the
 # transformed filter U in f32, so F(4, 3) is held to the same bound as every other kernel).
-WINOGRAD = {"conv3x3_winograd_f2": "2", "conv3x3_winograd_f4": "4"}
+WINOGRAD = {"conv3x3_winograd_f2": 2, "conv3x3_winograd_f4": 4}
 MAX_TERM: dict[str, float] = {}
 
 
@@ -94,9 +95,12 @@ def build(name: str, elem: int) -> tuple:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_f16_kernel_matches_f32_reference(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if name in WINOGRAD:
-        monkeypatch.setenv("EMBER_WINOGRAD", WINOGRAD[name])
+def test_f16_kernel_matches_f32_reference(name: str) -> None:
+    with settings.override(winograd=WINOGRAD.get(name)):
+        check_f16_kernel(name)
+
+
+def check_f16_kernel(name: str) -> None:
     be = shared_backend("wgpu")
     be._require_init()
     m16, feeds = build(name, F16)
