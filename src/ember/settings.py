@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-V = TypeVar("V")
+SettingValue = TypeVar("SettingValue")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -67,18 +67,18 @@ def _path(raw: str) -> Path:
 
 
 @dataclass(frozen=True)
-class Setting(Generic[V]):
+class Setting(Generic[SettingValue]):
     """One knob. `default` applies when the variable is unset or empty; None there means "decided at run time"
     (the doc says by what)."""
 
     key: str  # the name `override` takes
     env: str
-    parse: Callable[[str], V]
-    default: V | None
+    parse: Callable[[str], SettingValue]
+    default: SettingValue | None
     type_name: str
     doc: str
 
-    def get(self) -> V | None:
+    def get(self) -> SettingValue | None:
         scoped = _overrides.get(self.key, _UNSET)
         if scoped is not _UNSET:
             return scoped
@@ -103,8 +103,8 @@ _lock = threading.Lock()
 REGISTRY: dict[str, Setting[Any]] = {}
 
 
-def _declare(key: str, env: str, parse: Callable[[str], V], default: V | None, type_name: str,
-             doc: str) -> Setting[V]:
+def _declare(key: str, env: str, parse: Callable[[str], SettingValue], default: SettingValue | None, type_name: str,
+             doc: str) -> Setting[SettingValue]:
     setting = Setting(key, env, parse, default, type_name, doc)
     REGISTRY[key] = setting
     return setting
