@@ -28,9 +28,10 @@ F32 = np.dtype(np.float32)
 
 
 @pytest.fixture
-def be(wgpu_be: ember.ComputeBackend, tmp_path: Path) -> Iterator:
+def be(wgpu_be: ember.ComputeBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
     """The wgpu backend with a fresh tuner (a new process, as far as tuning goes) and a private cache dir."""
-    with settings.override(cache_dir=tmp_path / "cache", autotune=None):
+    monkeypatch.delenv("EMBER_AUTOTUNE", raising=False)  # the adapter's default, unless a test sets it
+    with settings.override(cache_dir=tmp_path / "cache"):
         wgpu_be._autotuner = None
         yield wgpu_be
         wgpu_be._autotuner = None
@@ -338,11 +339,10 @@ def test_switches(be: ember.ComputeBackend, monkeypatch: pytest.MonkeyPatch) -> 
         assert not t.enabled()
         with be.autotune_scope(True):
             assert t.enabled()  # load_onnx(autotune=True) wins over the setting
-    with settings.override(autotune=None):
-        monkeypatch.setenv("EMBER_AUTOTUNE", "0")  # the variable itself, read when asked
-        assert not t.enabled()
-        monkeypatch.setenv("EMBER_AUTOTUNE", "1")
-        assert t.enabled()
+    monkeypatch.setenv("EMBER_AUTOTUNE", "0")  # the variable itself, read when asked
+    assert not t.enabled()
+    monkeypatch.setenv("EMBER_AUTOTUNE", "1")
+    assert t.enabled()
     with be.autotune_scope(False):
         assert not t.enabled()
     with pytest.raises(TypeError, match="autotune"):
