@@ -91,9 +91,15 @@ def test_model_matches_onnxruntime(
 ) -> None:
     path = model_file(model_name)
     feeds, want = ort_reference(model_name, batch)
+    source: str | onnx.ModelProto = str(path)
+    undetermined = undetermined_softmax(path, feeds)
+    if undetermined:
+        # Compare those outputs' logits instead: float32 fixes them, not the probabilities.
+        source, replaced, logits = undetermined
+        want = {**{k: v for k, v in want.items() if k not in replaced}, **logits}
 
     t0 = time.perf_counter()
-    model = ember.load_onnx(str(path), backend=backend)
+    model = ember.load_onnx(source, backend=backend)
     t1 = time.perf_counter()
     try:
         assert model.backend == backend
@@ -104,6 +110,35 @@ def test_model_matches_onnxruntime(
         gc.collect()  # release device buffers before the next (maybe 0.5 GB) model loads
     record_timing(t1 - t0, t2 - t1)
     assert_matches_reference(got, want, batch)
+
+
+# A Softmax over logits this large is not determined by float32 arithmetic: a logit's rounding (|z| * 2^-23) moves
+# the probabilities by factors of e^(that rounding). The light zoo's SqueezeNet (real weights) has logits ~1e10.
+SOFTMAX_LOGIT_ROUNDING = 1e-2
+
+
+def undetermined_softmax(path: Path, feeds: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, set, dict] | None:
+    """For outputs that are a Softmax of logits whose float32 rounding exceeds SOFTMAX_LOGIT_ROUNDING: (the model
+    with their logits exposed as outputs, those outputs' names, {logits name: ORT's logits}); None when none are."""
+    import onnxruntime as ort
+
+    proto = onnx.load(str(path))
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    softmax_inputs = {o.name: producers[o.name].input[0] for o in proto.graph.output
+                      if o.name in producers and producers[o.name].op_type == "Softmax"}
+    if not softmax_inputs:
+        return None
+    for logits in softmax_inputs.values():
+        proto.graph.output.append(onnx.helper.make_tensor_value_info(logits, onnx.TensorProto.FLOAT, None))
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    values = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+    wide = {out: values[z] for out, z in softmax_inputs.items()
+            if float(np.abs(values[z]).max()) * 2.0 ** -23 > SOFTMAX_LOGIT_ROUNDING}
+    if not wide:
+        return None
+    return proto, set(wide), {softmax_inputs[out]: z for out, z in wide.items()}
 
 
 # ---------------------------------------------------------------- the zoo itself (ONNX Runtime only)
