@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import numbers
 import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +20,7 @@ from .ir import Graph
 from .onnx.importer import load
 from .onnx.optimize import optimize
 from .ops import UnsupportedError, lookup
-from .plan import COUNTERS, Plan, build_plan, host_value_inputs
+from .plan import COUNTERS, Plan, WeightPool, build_plan, host_value_inputs
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,20 @@ def check_f16(be: ComputeBackend) -> None:
                          "use precision='f32'")
 
 
+# Device bytes a model's cached plans may hold together (their own buffers: intermediates, inputs, outputs,
+# kernel scratch; the weights they share are not counted), unless load_onnx(plan_cache_bytes=...) says otherwise.
+DEFAULT_PLAN_CACHE_BYTES = 1 << 30
+
+
+def check_plan_cache_bytes(value: Any) -> int:
+    if value is None:
+        return DEFAULT_PLAN_CACHE_BYTES
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"plan_cache_bytes: expected a number of bytes (an int >= 0; 0 keeps only the plan in "
+                         f"use), got {value!r}")
+    return int(value)
+
+
 def cast_feed(name: str, value: Any, expected: np.dtype) -> np.ndarray:
     """The casting rule for feeds: a value converts only within its kind (float->float, int->int at a
     width that holds every value, bool->bool). int->float, float->int or anything -> bool is refused,
@@ -85,12 +101,16 @@ def cast_feed(name: str, value: Any, expected: np.dtype) -> np.ndarray:
 
 
 class Model:
-    """A loaded ONNX model bound to one backend. Plans are built once per input-shape signature."""
+    """A loaded ONNX model bound to one backend. A plan is built per input-shape signature and cached, least
+    recently used first out once the cached plans hold more than `plan_cache_bytes` of device memory; the
+    weights are uploaded once, into a pool every plan of the model reads (cache_info() shows both)."""
 
     def __init__(self, graph: Graph, backend: str | ComputeBackend, source: str, fuse: bool = True,
-                 precision: str = "f32", autotune: bool | None = None, **backend_opts: Any) -> None:
+                 precision: str = "f32", autotune: bool | None = None, plan_cache_bytes: int | None = None,
+                 **backend_opts: Any) -> None:
         if autotune is not None and not isinstance(autotune, bool):
             raise TypeError(f"autotune: expected True, False or None, got {autotune!r}")
+        self._limit = check_plan_cache_bytes(plan_cache_bytes)
         self.graph = graph
         self.fuse = fuse
         self.autotune = autotune
@@ -101,8 +121,13 @@ class Model:
         if precision == "f16":
             check_f16(self._be)
         self.precision = precision
-        self._plans: dict[tuple, Plan] = {}
+        # Every plan is used under _lock (runs from several threads take turns), so the cache, the pool and the
+        # counts below change under it only.
         self._lock = threading.Lock()
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # least recently used first
+        self._pool = WeightPool(self._be, graph.initializers.values())
+        self._plan_bytes = 0  # Plan.device_bytes summed over _plans
+        self._builds = self._evictions = 0
         self.inputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.inputs]
         # An output the model declares without a shape shows None until a plan knows it.
         self.outputs = [TensorInfo(v.name, v.shape, v.dtype) for v in graph.outputs]
@@ -141,20 +166,46 @@ class Model:
         return f"<ember.Model {len(self.graph.nodes)} nodes on {self.backend!r}; inputs ({ins}); outputs ({outs})>"
 
     def _plan(self, shapes: dict[str, tuple[int, ...]], feeds: dict[str, np.ndarray]) -> Plan:
-        """The plan for these input shapes (and values of inputs used as shape arithmetic), built once."""
+        """The plan for these input shapes (and values of inputs used as shape arithmetic), from the cache or
+        built now. Called under _lock (or from __init__)."""
         host = {n: feeds[n] for n in self._host_inputs}
         key = (tuple(shapes[v.name] for v in self.graph.inputs),
                tuple((n, host[n].tobytes()) for n in sorted(host)))
         plan = self._plans.get(key)
-        if plan is None:
-            # Backends that tune kernels while recording (wgpu) take the model's on/off for this plan.
-            scope = getattr(self._be, "autotune_scope", None)
-            with scope(self.autotune) if scope is not None else contextlib.nullcontext() as report:
-                plan = self._plans[key] = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse,
-                                                     precision=self.precision)
-            if report is not None:  # plan_info shows what tuning cost this plan: autotune.tuned, .seconds, ...
-                plan.stats.update({f"autotune.{k}": v for k, v in report.items()})
+        if plan is not None:
+            self._plans.move_to_end(key)
+            return plan
+        try:
+            plan = self._build(shapes, host)
+        except MemoryError:  # OutOfMemoryError included: the cached plans' buffers may be what is missing
+            if not self._plans:
+                raise
+            self._evict(-1, keep=0)
+            plan = self._build(shapes, host)
+        self._plans[key] = plan
+        self._plan_bytes += plan.device_bytes
+        self._builds += 1
+        self._evict(self._limit)
         return plan
+
+    def _build(self, shapes: dict[str, tuple[int, ...]], host: dict[str, np.ndarray]) -> Plan:
+        # Backends that tune kernels while recording (wgpu) take the model's on/off for this plan.
+        scope = getattr(self._be, "autotune_scope", None)
+        with scope(self.autotune) if scope is not None else contextlib.nullcontext() as report:
+            plan = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse, precision=self.precision,
+                              pool=self._pool)
+        if report is not None:  # plan_info shows what tuning cost this plan: autotune.tuned, .seconds, ...
+            plan.stats.update({f"autotune.{k}": v for k, v in report.items()})
+        return plan
+
+    def _evict(self, limit: int, keep: int = 1) -> None:
+        """Free least recently used plans until the cached ones hold at most `limit` bytes, keeping the `keep`
+        most recent (the plan about to run)."""
+        while self._plan_bytes > limit and len(self._plans) > keep:
+            _, plan = self._plans.popitem(last=False)
+            self._plan_bytes -= plan.device_bytes
+            self._evictions += 1
+            plan.free()
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         fast = self._fast_feeds
@@ -266,16 +317,32 @@ class Model:
                 plan = next(iter(self._plans.values()))
             else:
                 raise ValueError("this model has several (or no) plans yet: pass feeds to pick one")
-        return {"nodes": len(self.graph.nodes), "steps": len(plan.steps), "rewrites": dict(self.rewrites),
-                "intermediate_bytes": plan.intermediate_bytes,
-                "intermediate_bytes_without_reuse": plan.intermediate_bytes_without_reuse,
-                "scratch_bytes": plan.scratch_bytes(), **plan.stats}
+            # Read under the lock: another thread's run may evict this plan once it is released.
+            return {"nodes": len(self.graph.nodes), "steps": len(plan.steps), "rewrites": dict(self.rewrites),
+                    "intermediate_bytes": plan.intermediate_bytes,
+                    "intermediate_bytes_without_reuse": plan.intermediate_bytes_without_reuse,
+                    "scratch_bytes": plan.scratch_bytes(), "device_bytes": plan.device_bytes, **plan.stats}
+
+    def cache_info(self) -> dict[str, int]:
+        """The plan cache and the weight pool: live plans, plans built since load, plans evicted, device bytes the
+        live plans hold (their own buffers and scratch), device bytes of the weights they share, and the bound on
+        the plans' bytes (load_onnx's plan_cache_bytes)."""
+        with self._lock:
+            return {"plans": len(self._plans), "builds": self._builds, "evictions": self._evictions,
+                    "bytes": self._plan_bytes, "weight_bytes": self._pool.bytes, "limit_bytes": self._limit}
 
     def close(self) -> None:
-        """Free the device memory of every plan (weights, intermediates). Called when the model is collected."""
-        plans, self._plans = getattr(self, "_plans", {}), {}
-        for plan in plans.values():
-            plan.free()
+        """Free the device memory of every plan and of the shared weights. Called when the model is collected; a
+        later run builds (and uploads) again."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # __init__ failed before any device memory was taken
+            return
+        with lock:
+            plans, self._plans = self._plans, OrderedDict()
+            self._plan_bytes = 0
+            for plan in plans.values():
+                plan.free()
+            self._pool.close()
 
     def __del__(self) -> None:
         try:
@@ -315,10 +382,12 @@ def load_onnx(model: Any, backend: str | ComputeBackend = "auto", **options: Any
     the same name share one device), or a ComputeBackend object from ember.backend().
 
     Options: fuse (default True): graph rewrites and kernel fusion. precision="f16" (wgpu on adapters with
-    shader-f16): float16 storage, float32 arithmetic. autotune (wgpu; default None: EMBER_AUTOTUNE if set, else
-    on for hardware GPUs, off for software adapters): time a few GEMM/conv tile configs per shape while planning
-    and keep the fastest, cached on disk per adapter (see ember/backends/wgpu/autotune.py). adapter /
-    power_preference pick the wgpu device."""
+    shader-f16): float16 storage, float32 arithmetic. plan_cache_bytes (default 1 GiB): device bytes the plans
+    cached for different input shapes may hold together (the weights, shared by all, not counted); past it the
+    least recently used plans are freed, and rebuilt if their shapes come back. autotune (wgpu; default None:
+    EMBER_AUTOTUNE if set, else on for hardware GPUs, off for software adapters): time a few GEMM/conv tile
+    configs per shape while planning and keep the fastest, cached on disk per adapter (see
+    ember/backends/wgpu/autotune.py). adapter / power_preference pick the wgpu device."""
     if isinstance(backend, ComputeBackend):
         backend._require_init()
     elif not (isinstance(backend, str) and backend.lower() == "auto"):

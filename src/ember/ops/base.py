@@ -9,9 +9,9 @@ code builds a plan on any backend and folds constants on the cpu backend.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -69,11 +69,35 @@ class UnsupportedError(NotImplementedError):
     """An op (or an attribute/dtype combination of it) that a backend cannot run."""
 
 
-class Context:
-    """Where an op records its work: allocation, constants on the device, and steps."""
+class ConstantPool(Protocol):
+    """Constants on a backend shared by several plans (ember.plan.WeightPool, one per model)."""
 
-    def __init__(self, backend: ComputeBackend) -> None:
+    backend: ComputeBackend
+
+    def identity_key(self, value: Any, aliases: dict[int, tuple[np.ndarray, Hashable]]) -> Hashable | None: ...
+
+    def key(self, value: Any, dtype: np.dtype, size: int,
+            aliases: dict[int, tuple[np.ndarray, Hashable]]) -> tuple[Hashable, np.ndarray | None]: ...
+
+    def acquire(self, key: Hashable, nbytes: int, make: Callable[[], np.ndarray]) -> int: ...
+
+
+class Context:
+    """Where an op records its work: allocation, constants on the device, and steps.
+
+    With a `pool`, constants live there, shared with the other plans of the model (`shared` lists the entries
+    this plan holds); without one (constant folding, a plan built on its own) the plan owns their buffers."""
+
+    def __init__(self, backend: ComputeBackend, pool: ConstantPool | None = None) -> None:
+        if pool is not None and pool.backend is not backend:
+            # A pool's handles name buffers of its own backend: another backend's handle is another buffer.
+            raise ValueError(f"the constant pool is on backend {pool.backend!r}, the plan on {backend!r}")
         self.backend = backend
+        self.pool = pool
+        self.shared: dict[Hashable, int] = {}  # pool keys this plan holds -> their handles
+        # id(value) -> (value, key): constants made from another by a known transform (derived()); the value is
+        # held so its id stays unique while planning.
+        self._derived: dict[int, tuple[np.ndarray, Hashable]] = {}
         self.steps: list = []
         self.handles: list[int] = []  # allocations made while planning (owned by the plan)
         # Buffer reuse: an intermediate whose last reader has been recorded goes back to a free list.
@@ -135,11 +159,36 @@ class Context:
         hit = self._uploaded.get(id(t))
         if hit is not None:
             return hit[1]
-        v = self.alloc(t.dtype, t.shape, pinned=True)
-        self.backend.upload(v.handle, np.ascontiguousarray(t.value, t.dtype))
+        if self.pool is not None:
+            v = View.contiguous(self._shared_handle(t), t.dtype, t.shape)
+        else:
+            v = self.alloc(t.dtype, t.shape, pinned=True)
+            self.backend.upload(v.handle, np.ascontiguousarray(t.value, t.dtype))
         # Cached here, not on t: the same constant may be planned on another backend (folding).
         self._uploaded[id(t)] = (t, v)
         return v
+
+    def _shared_handle(self, t: Tensor) -> int:
+        """The pool's buffer holding constant t, held by this plan from now on."""
+        assert self.pool is not None
+        value = t.value
+        key, arr = self.pool.key(value, t.dtype, t.size, self._derived)
+        handle = self.shared.get(key)
+        if handle is None:
+            nbytes = max(t.size, 1) * self.backend.storage_itemsize(t.dtype)
+            handle = self.shared[key] = self.pool.acquire(
+                key, nbytes, lambda: arr if arr is not None else np.ascontiguousarray(value, t.dtype))
+        return handle
+
+    def derived(self, value: np.ndarray, source: Tensor, transform: Hashable) -> None:
+        """Say that constant `value` is `transform` applied to constant `source`'s value (precision="f16"'s
+        float16 copy of a weight): the pool then keys it by the source's identity and `transform`, which must
+        name everything else the value depends on, instead of hashing its contents."""
+        if self.pool is None or source.value is None:
+            return
+        src = self.pool.identity_key(source.value, self._derived)
+        if src is not None:
+            self._derived[id(value)] = (value, ("derived", transform, src))
 
     def materialize(self, t: Tensor) -> View:
         lz = t.lazy

@@ -3,7 +3,8 @@
 Planning walks the nodes once: a node whose inputs are all known on the host is folded (folding.py: run on the
 cpu backend right away, so Shape->Gather->Concat chains over static shapes vanish); every other node records
 its steps on the target backend. A run is then: write the inputs, execute the recorded steps (one submit
-on wgpu), read back the outputs.
+on wgpu), read back the outputs. Given a `WeightPool` (weights.py), a plan's constants live there, shared with
+the other plans of its model; the plan owns only the buffers it writes (inputs, intermediates, outputs).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..ops import Context, Tensor, UnsupportedError, declare_counters, lookup
 from ..ops.base import referenced_handles
 from ..ops.elementwise import emit
 from .folding import fold
+from .weights import WeightPool
 
 
 class Plan:
@@ -30,7 +32,9 @@ class Plan:
         self.backend = backend
         self.steps = ctx.steps
         self.labels = ctx.labels
-        self.handles = ctx.handles
+        self.handles = ctx.handles  # the buffers this plan owns (freed by free())
+        self.pool = ctx.pool
+        self.shared = list(ctx.shared)  # the pool entries it holds (released by free())
         self.inputs = inputs
         self.outputs = outputs
         # What the ops counted while planning (Context.count; the keys ember.ops.COUNTERS declares): each occurs
@@ -42,6 +46,9 @@ class Plan:
         # Memory report: what the intermediates take with reuse, next to the sum of all of them.
         self.intermediate_bytes = ctx.intermediate_bytes
         self.intermediate_bytes_without_reuse = ctx.requested_bytes
+        # What this plan holds on the device besides shared constants: the buffers it owns and its kernels'
+        # scratch. A model's plan cache is bounded by the sum over its plans.
+        self.device_bytes = sum(backend.nbytes(h) for h in self.handles) + self.scratch_bytes()
 
     def run(self, feeds: dict[str, Any], names: list[str] | None = None,
             keep_on_device: bool = False) -> dict[str, Any]:
@@ -89,9 +96,16 @@ class Plan:
         return result
 
     def scratch_bytes(self) -> int:
-        """Bytes of the kernels' own transient buffers the steps hold (split-K partial sums, Winograd's
-        transformed tiles: wgpu's Dispatch.keep), each shared buffer counted once."""
-        seen = {id(b): b.size for st in self.steps for b in getattr(st, "keep", ())}
+        """Bytes of the kernels' own buffers the steps hold (split-K partial sums, Winograd's transformed tiles:
+        wgpu's Dispatch.keep; a cpu compiled kernel's packed weight), each shared buffer counted once."""
+        seen: dict[int, int] = {}
+        for st in self.steps:
+            for b in getattr(st, "keep", ()):
+                if isinstance(b, np.ndarray):
+                    # A view looks into a buffer the plan or the pool counts already; an owning array is the step's.
+                    seen[id(b)] = b.nbytes if b.base is None else 0
+                elif b is not None:
+                    seen[id(b)] = b.size  # a GPUBuffer: size in bytes
         return sum(seen.values())
 
     def gpu_time(self, reps: int = 5) -> float:
@@ -103,12 +117,19 @@ class Plan:
         return list(zip(self.labels, self.backend.profile(self.steps), strict=True))
 
     def free(self) -> None:
+        """Free the buffers this plan owns and let go of the shared constants it holds (the pool frees those no
+        plan holds any more). The plan cannot run afterwards."""
         if self._readback is not None:
             self.backend.release_prepared(self._readback[0])
         self._writers = self._readback = None  # they hold the buffers being freed
+        self.steps = []  # and the kernels' scratch goes with them
         for h in self.handles:
             self.backend.free(h)
         self.handles = []
+        if self.shared:
+            assert self.pool is not None
+            self.pool.release(self.shared)
+            self.shared = []
 
 
 def host_value_inputs(graph: Graph) -> set[str]:
@@ -173,7 +194,9 @@ class _Precision:
                 # Saturate, as ONNX's float16 converters do: an exported mask constant such as float32's lowest
                 # value would become -inf, and 0 * -inf = NaN where the model meant 0.
                 value = np.where(np.isfinite(value), np.clip(value, -F16_MAX, F16_MAX), value)
-            out = Tensor(dtype, t.shape, value=value.astype(dtype))
+            converted = value.astype(dtype)
+            out = Tensor(dtype, t.shape, value=converted)
+            self.ctx.derived(converted, t, ("cast", dtype.str))  # one buffer for every plan, found without hashing
         else:
             # Pinned: the copy outlives the node that made it, and the liveness walk only sees graph values.
             out = self.ctx.new(dtype, t.shape, pinned=True)
@@ -197,8 +220,12 @@ class _Precision:
 
 def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[int, ...]],
                host_values: dict[str, np.ndarray] | None = None, fuse: bool = True,
-               precision: str = "f32") -> Plan:
-    ctx = Context(backend)
+               precision: str = "f32", pool: WeightPool | None = None) -> Plan:
+    """The plan for these input shapes (and `host_values`: inputs used as shape arithmetic). With a `pool`
+    (the model's), constants are taken from it and uploaded there once."""
+    if pool is not None:
+        pool.register(graph.initializers.values())
+    ctx = Context(backend, pool)
     ctx.fuse = fuse
     mixed = _Precision(ctx) if precision == "f16" else None
     env: dict[str, Tensor] = {name: Tensor(arr.dtype, arr.shape, value=arr) for name, arr in graph.initializers.items()}
@@ -269,6 +296,8 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
     except BaseException:
         for h in ctx.handles:
             backend.free(h)
+        if pool is not None:
+            pool.release(ctx.shared)
         raise
     return Plan(backend, ctx, inputs, outputs)
 
