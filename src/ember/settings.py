@@ -133,6 +133,8 @@ ENCODE_AHEAD = _declare("encode_ahead", "EMBER_ENCODE_AHEAD", _flag, True, "bool
                         "wgpu: encode a plan's next command buffer right after submitting the current run.")
 WAIT_SPIN_US = _declare("wait_spin_us", "EMBER_WAIT_SPIN_US", _amount, 3000.0, "microseconds",
                         "wgpu: how long a readback polls the device before sleeping in the driver (hardware only).")
+PIPELINE_CACHE = _declare("pipeline_cache", "EMBER_PIPELINE_CACHE", _count, 1024, "count",
+                          "wgpu: compiled pipelines a backend keeps for reuse, least recently used dropped first.")
 WGPU_PY_ENCODE = _declare("wgpu_py_encode", "EMBER_WGPU_PY_ENCODE", _flag, False, "bool",
                           "wgpu: encode through wgpu-py's wrappers instead of raw wgpu-native calls (to compare).")
 NATIVE_GEMM = _declare("native_gemm", "EMBER_NATIVE_GEMM", _flag, True, "bool",

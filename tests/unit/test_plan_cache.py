@@ -248,3 +248,29 @@ def test_a_pool_serves_its_own_backend_only(own_be: ember.ComputeBackend) -> Non
     assert len(pool) == 4
     pool.release(ctx.shared)
     assert len(pool) == 0 and pool.bytes == 0
+
+
+def test_pipeline_cache_is_bounded_and_recorded_plans_survive_eviction() -> None:
+    """The wgpu backend keeps at most settings.PIPELINE_CACHE compiled pipelines (shaders are specialised per shape,
+    so many shapes would keep every one); a plan recorded earlier holds its own and still runs after they leave."""
+    be = ember.backend("wgpu")
+    node = helper.make_node("Tanh", ["x"], ["y"])
+    graph = helper.make_graph([node], "tanh", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 7])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(1).standard_normal((4, 7)).astype(np.float32)
+    data = be.alloc(4 * 64)
+    try:
+        with settings.override(pipeline_cache=3):
+            model = ember.load_onnx(proto, backend=be)
+            np.testing.assert_allclose(model.run({"x": x})["y"], np.tanh(x), rtol=1e-6, atol=1e-6)
+            evicted = be.pipelines_evicted
+            for n in range(1, 7):  # six new specialisations push the model's pipeline out
+                be.unary("tanh", data, data, n)
+            assert len(be._pipelines) == 3
+            assert be.pipelines_evicted >= evicted + 4
+            created = be.pipelines_created
+            np.testing.assert_allclose(model.run({"x": x})["y"], np.tanh(x), rtol=1e-6, atol=1e-6)
+            assert be.pipelines_created == created, "a replay builds nothing, evicted or not"
+    finally:
+        be.free(data)

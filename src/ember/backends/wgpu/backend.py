@@ -16,6 +16,7 @@ import re
 import string
 import time
 import weakref
+from collections import OrderedDict
 from importlib import resources
 from typing import Any
 
@@ -70,9 +71,13 @@ class WgpuBackend(ComputeBackend):
         self._adapter_opt = adapter
         self._power = power_preference
         self._bufs: dict[int, Any] = {}
-        self._pipelines: dict[tuple, Any] = {}
+        # Least recently used first; bounded by settings.PIPELINE_CACHE. Shaders are specialised per shape, so a model
+        # fed many shapes would otherwise keep every compiled pipeline for the life of the process. A plan's steps
+        # hold the pipelines they dispatch, so dropping one from the cache never breaks a recorded plan.
+        self._pipelines: OrderedDict[tuple, Any] = OrderedDict()
         self._templates: dict[str, string.Template] = {}
         self.pipelines_created = 0
+        self.pipelines_evicted = 0
         self.dispatches = 0
         self._scratch: dict[str, weakref.ref] = {}
         self._private_scratch: weakref.WeakSet = weakref.WeakSet()
@@ -228,12 +233,18 @@ class WgpuBackend(ComputeBackend):
             source = "enable f16;\n" + source
         key = (source, trusted)
         p = self._pipelines.get(key)
-        if p is None:
-            module = dev.create_shader_module(self.device, source, label, trusted)
-            p = self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"},
-                                                    label=label)
-            self._pipelines[key] = p
-            self.pipelines_created += 1
+        if p is not None:
+            self._pipelines.move_to_end(key)
+            return p
+        module = dev.create_shader_module(self.device, source, label, trusted)
+        p = self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"},
+                                                label=label)
+        self._pipelines[key] = p
+        self.pipelines_created += 1
+        bound = settings.PIPELINE_CACHE.get()
+        while len(self._pipelines) > bound:
+            self._pipelines.popitem(last=False)
+            self.pipelines_evicted += 1
         return p
 
     def dispatch(self, pipeline: Any, buffers: list[Any] | dict[int, Any], grid: tuple[int, int, int],
