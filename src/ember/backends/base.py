@@ -83,6 +83,10 @@ class ComputeBackend(ABC):
         del self._sizes[handle]
         self._device_free(handle)
 
+    def memory_info(self) -> dict[str, int]:
+        """Live allocations on this backend and the bytes they were asked for."""
+        return {"allocations": len(self._sizes), "bytes": sum(self._sizes.values())}
+
     def nbytes(self, handle: Any, arg: str = "handle") -> int:
         """Size of a live allocation; ValueError naming `arg` for anything else."""
         if isinstance(handle, bool) or not isinstance(handle, (int, np.integer)):

@@ -1,0 +1,117 @@
+"""Memory and build time over many input shapes: a plan per shape, the weights shared, the plan cache bounded.
+
+    python bench/bench_shapes.py [--models lm,resnet18_b1] [--shapes 60] [--backends cpu,wgpu] [--cache-mb 1024]
+        [--run] [--json out.json] [--md out.md]
+
+`lm` is a GPT-2-like net built here (84 MB of weights: an 8192 x 768 embedding, a 1024 x 768 position table sliced
+to the length, two 768/3072 MLP blocks, a tied head) fed ids (1, S) for S = 8, 16, ...; `resnet18_b1` is
+bench_models' ResNet-18 fed batches 1, 2, ... Each shape builds a plan (`Model.plan_info`, or a run with --run);
+the table gives the RSS and backend bytes the shapes added after the first, Model.cache_info() at the end, and
+what `close()` leaves on the backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+import ember  # noqa: E402
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def lm_model() -> Any:
+    rng = np.random.default_rng(0)
+    vocab, width, hidden, context = 8192, 768, 3072, 1024
+
+    def weight(name: str, *shape: int) -> Any:
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.02).astype(np.float32), name)
+
+    inits = [weight("wte", vocab, width), weight("wpe", context, width), weight("w1", width, hidden),
+             weight("w2", hidden, width), weight("w3", width, hidden), weight("w4", hidden, width),
+             numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([1], np.int64),
+                                                                                              "one")]
+    nodes = [helper.make_node("Shape", ["ids"], ["ids_shape"]),
+             helper.make_node("Gather", ["ids_shape", "one"], ["length"], axis=0),
+             helper.make_node("Slice", ["wpe", "zero", "length"], ["positions"]),
+             helper.make_node("Gather", ["wte", "ids"], ["tokens"]),
+             helper.make_node("Add", ["tokens", "positions"], ["h0"])]
+    h = "h0"
+    for i, (up, down) in enumerate((("w1", "w2"), ("w3", "w4"))):
+        nodes += [helper.make_node("MatMul", [h, up], [f"u{i}"]), helper.make_node("Gelu", [f"u{i}"], [f"g{i}"]),
+                  helper.make_node("MatMul", [f"g{i}", down], [f"d{i}"]),
+                  helper.make_node("Add", [h, f"d{i}"], [f"h{i + 1}"])]
+        h = f"h{i + 1}"
+    nodes += [helper.make_node("Transpose", ["wte"], ["head"], perm=[1, 0]),
+              helper.make_node("MatMul", [h, "head"], ["logits"])]
+    graph = helper.make_graph(nodes, "lm", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "length"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def workload(name: str, shapes: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
+    rng = np.random.default_rng(0)
+    if name == "lm":
+        return lm_model(), [{"ids": rng.integers(0, 8192, (1, 8 * (i + 1))).astype(np.int64)} for i in range(shapes)]
+    import graphs
+
+    source, feeds, _ = graphs.resolve(name)
+    key, value = next(iter(feeds.items()))
+    return source, [{key: rng.random((b, *value.shape[1:]), dtype=np.float32)} for b in range(1, shapes + 1)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="lm")
+    ap.add_argument("--shapes", type=int, default=60)
+    ap.add_argument("--cache-mb", type=float, help="load_onnx(plan_cache_bytes=...) in MiB (default: ember's)")
+    ap.add_argument("--run", action="store_true", help="run each shape instead of only planning it")
+    harness.add_common(ap)
+    args = ap.parse_args()
+    report = harness.Report("Memory over input shapes (MB after the first shape; cache_info at the end)", args)
+    opts = {} if args.cache_mb is None else {"plan_cache_bytes": int(args.cache_mb * (1 << 20))}
+    for name in args.models.split(","):
+        for backend in harness.backend_list(args.backends, ember.available_backends()):
+            source, feeds = workload(name, args.shapes)
+            be = ember.backend(backend)
+            gc.collect()
+            model = ember.load_onnx(source, backend=be, **opts)
+            builds, first = [], None
+            for fd in feeds:
+                t = time.perf_counter()
+                model.run(fd) if args.run else model.plan_info(fd)
+                builds.append((time.perf_counter() - t) * 1e3)
+                gc.collect()
+                if first is None:
+                    first = (rss_mb(), be.memory_info()["bytes"])
+            assert first is not None
+            info = model.cache_info() if hasattr(model, "cache_info") else {}
+            cells = {"shapes": len(feeds), "RSS +MB": rss_mb() - first[0],
+                     "backend +MB": (be.memory_info()["bytes"] - first[1]) / 2**20,
+                     "build ms (median)": float(np.median(builds[1:] or builds)),
+                     **{k: (v / 2**20 if k.endswith("bytes") else v) for k, v in info.items()}}
+            model.close()
+            gc.collect()
+            cells["left after close"] = be.memory_info()["allocations"]
+            report.add(f"{name} · {backend}", cells)
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
