@@ -274,3 +274,14 @@ def test_pipeline_cache_is_bounded_and_recorded_plans_survive_eviction() -> None
             assert be.pipelines_created == created, "a replay builds nothing, evicted or not"
     finally:
         be.free(data)
+
+
+def test_memory_info_counts_live_allocations(backend_name: str) -> None:
+    be = ember.backend(backend_name)
+    before = be.memory_info()
+    handle = be.alloc(4096)
+    try:
+        assert be.memory_info() == {"allocations": before["allocations"] + 1, "bytes": before["bytes"] + 4096}
+    finally:
+        be.free(handle)
+    assert be.memory_info() == before
