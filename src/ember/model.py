@@ -308,7 +308,9 @@ class Model:
             return plan.gpu_time(reps)
 
     def plan_info(self, feeds: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Facts about the plan for these feeds (or the only plan): steps, fusion counts, memory."""
+        """Facts about the plan for these feeds (or the only plan): steps, fusion counts, memory, and which input
+        dims the model leaves symbolic ({input: {axis: the declared name or None}}; each set of their values gets a
+        plan of its own)."""
         with self._lock:
             if feeds is not None:
                 arrays = self._check_feeds(feeds)
@@ -321,7 +323,12 @@ class Model:
             return {"nodes": len(self.graph.nodes), "steps": len(plan.steps), "rewrites": dict(self.rewrites),
                     "intermediate_bytes": plan.intermediate_bytes,
                     "intermediate_bytes_without_reuse": plan.intermediate_bytes_without_reuse,
-                    "scratch_bytes": plan.scratch_bytes(), "device_bytes": plan.device_bytes, **plan.stats}
+                    "scratch_bytes": plan.scratch_bytes(), "device_bytes": plan.device_bytes,
+                    "symbolic_dims": self._symbolic_dims(), **plan.stats}
+
+    def _symbolic_dims(self) -> dict[str, dict[int, str | None]]:
+        return {vi.name: {axis: dim for axis, dim in enumerate(vi.shape or ()) if not isinstance(dim, int)}
+                for vi in self.graph.inputs if any(not isinstance(dim, int) for dim in vi.shape or ())}
 
     def cache_info(self) -> dict[str, int]:
         """The plan cache and the weight pool: live plans, plans built since load, plans evicted, device bytes the

@@ -285,3 +285,12 @@ def test_memory_info_counts_live_allocations(backend_name: str) -> None:
     finally:
         be.free(handle)
     assert be.memory_info() == before
+
+
+def test_plan_info_names_the_symbolic_dims() -> None:
+    node = helper.make_node("Relu", ["x"], ["y"])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, None])
+    graph = helper.make_graph([node], "relu", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = ember.load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), backend="cpu")
+    info = model.plan_info({"x": np.zeros((2, 3, 5), np.float32)})
+    assert info["symbolic_dims"] == {"x": {0: "batch", 2: None}}
