@@ -19,6 +19,7 @@ from .device_array import DeviceArray
 from .ir import Graph
 from .onnx.importer import load
 from .onnx.optimize import optimize
+from .onnx.validate import check_structure
 from .ops import UnsupportedError, lookup
 from .plan import COUNTERS, Plan, WeightPool, build_plan, host_value_inputs
 
@@ -401,6 +402,7 @@ def load_onnx(model: Any, backend: str | ComputeBackend = "auto", **options: Any
         backend = canonical_name(backend)
     graph, source = load(model)
     check_supported(graph)
+    check_structure(graph)
     rewrites = optimize(graph) if options.get("fuse", True) else {}
     name = backend.name if isinstance(backend, ComputeBackend) else backend
     try:
