@@ -57,3 +57,10 @@ def test_optional_inputs_may_be_empty_or_omitted() -> None:
     ok = model([helper.make_node("Clip", ["x", "", "hi"], ["y"])],
                inits=[helper.make_tensor("hi", TensorProto.FLOAT, [], [0.5])])
     ember.load_onnx(ok, backend="cpu")
+
+
+def test_every_problem_listed_at_once() -> None:
+    bad = model([helper.make_node("Gather", ["x"], ["h"], name="gather"),
+                 helper.make_node("Add", ["h", "nowhere"], ["y"], name="add")])
+    with pytest.raises(ValueError, match=r"2 problems in the graph:\n  - .*'gather'.*\n  - .*'add'.*nowhere"):
+        ember.load_onnx(bad, backend="cpu")

@@ -3,7 +3,8 @@
 Every node input must be a graph input, an initializer or an earlier node's output (ONNX graphs are topologically
 sorted), every graph output must be produced, and a node of the default domain must have the input and output
 counts its schema allows, with no required input left empty. Errors are ValueErrors naming the node, the input and
-what was expected, so a malformed model fails at load instead of at its first run.
+what was expected, so a malformed model fails at load instead of at its first run. Every problem found is listed in
+one error, as unsupported ops are.
 """
 
 from __future__ import annotations
@@ -17,39 +18,46 @@ _VARIADIC = onnx.defs.OpSchema.FormalParameterOption.Variadic
 
 
 def check_structure(graph: Graph) -> None:
+    problems: list[str] = []
     available = {vi.name for vi in graph.inputs} | set(graph.initializers)
+    produced = {o for n in graph.nodes for o in n.outputs if o}
     for node in graph.nodes:
         missing = [name for name in node.inputs if name and name not in available]
         if missing:
-            later = {o for n in graph.nodes for o in n.outputs}
             where = "is produced only by a later node (the graph is not topologically sorted)" \
-                if all(name in later for name in missing) else "is no graph input, initializer or node output"
-            raise ValueError(f"{node.describe()}: input(s) {missing} {where}")
-        _check_arity(node)
+                if all(name in produced for name in missing) else "is no graph input, initializer or node output"
+            problems.append(f"{node.describe()}: input(s) {missing} {where}")
+        problems += _arity_problems(node)
         available.update(o for o in node.outputs if o)
     unproduced = [vi.name for vi in graph.outputs if vi.name not in available]
     if unproduced:
-        raise ValueError(f"graph output(s) {unproduced} are produced by no node and are no input or initializer")
+        problems.append(f"graph output(s) {unproduced} are produced by no node and are no input or initializer")
+    if len(problems) == 1:
+        raise ValueError(problems[0])
+    if problems:
+        raise ValueError(f"{len(problems)} problems in the graph:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def _check_arity(node: Node) -> None:
+def _arity_problems(node: Node) -> list[str]:
     if node.domain not in ("", "ai.onnx"):
-        return  # contrib and ember domains: the op's own implementation checks its inputs
+        return []  # contrib and ember domains: the op's own implementation checks its inputs
     try:
         schema = onnx.defs.get_schema(node.op_type, node.opset, node.domain)
     except onnx.defs.SchemaError:
-        return  # not an ONNX op at this opset: check_supported has reported it already
+        return []  # not an ONNX op at this opset: check_supported has reported it already
+    problems = []
     given = len(node.inputs)
     if given < schema.min_input or given > schema.max_input:
-        raise ValueError(f"{node.describe()}: {given} input(s), the schema allows "
-                         f"{_range(schema.min_input, schema.max_input)}")
+        problems.append(f"{node.describe()}: {given} input(s), the schema allows "
+                        f"{_range(schema.min_input, schema.max_input)}")
     outputs = len(node.outputs)
     if outputs < schema.min_output or outputs > schema.max_output:
-        raise ValueError(f"{node.describe()}: {outputs} output(s), the schema allows "
-                         f"{_range(schema.min_output, schema.max_output)}")
+        problems.append(f"{node.describe()}: {outputs} output(s), the schema allows "
+                        f"{_range(schema.min_output, schema.max_output)}")
     for i, formal in enumerate(schema.inputs[:given]):
         if formal.option not in (_OPTIONAL, _VARIADIC) and not node.inputs[i]:
-            raise ValueError(f"{node.describe()}: required input {i} ({formal.name!r}) is empty")
+            problems.append(f"{node.describe()}: required input {i} ({formal.name!r}) is empty")
+    return problems
 
 
 def _range(low: int, high: int) -> str:
