@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ..core.view import View
-from .base import Context, Op, Tensor, register
+from .base import Context, Op, Tensor, host_ints, register
 
 
 class _DFT(Op):
@@ -24,13 +22,11 @@ class _DFT(Op):
         axis %= x.rank
         inverse, onesided = bool(self.attr["inverse"]), bool(self.attr["onesided"])
         # A real inverse of a one-sided spectrum (irfft) defaults to the even length that spectrum came from.
-        length = 2 * (x.shape[axis] - 1) if inverse and onesided else x.shape[axis]
-        if length_input is not None:
-            length = int(np.asarray(length_input.value).reshape(-1)[0])
-            if length < 1:
-                raise ValueError(f"{self.node.describe()}: dft_length must be >= 1, got {length}")
+        lengths = host_ints(self, length_input, "dft_length")
+        length = lengths[0] if lengths else 2 * (x.shape[axis] - 1) if inverse and onesided else x.shape[axis]
         if length < 1:
-            raise ValueError(f"{self.node.describe()}: the transform length is {length} for input {x.shape}")
+            raise ValueError(f"{self.node.describe()}: the transform length is {length} (dft_length must be >= 1)"
+                             f" for input {x.shape}")
         lout = length // 2 + 1 if onesided and not inverse else length
         out_channels = 1 if inverse and onesided else 2
         out_shape = (*x.shape[:axis], lout, *x.shape[axis + 1:-1], out_channels)
@@ -59,4 +55,5 @@ class DFT20(_DFT):
 
     def run(self, ctx: Context, x: Tensor, dft_length: Tensor | None = None,
             axis: Tensor | None = None) -> list[Tensor]:
-        return self.transform(ctx, x, dft_length, -2 if axis is None else int(np.asarray(axis.value).reshape(-1)[0]))
+        axes = host_ints(self, axis, "axis")
+        return self.transform(ctx, x, dft_length, axes[0] if axes else -2)
