@@ -62,6 +62,15 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _choice(*values: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in values:
+            raise ValueError(f"expected one of {values}")
+        return raw
+
+    return parse
+
+
 def _path(raw: str) -> Path:
     return Path(raw).expanduser()
 
@@ -114,7 +123,7 @@ BACKEND = _declare("backend", "EMBER_BACKEND", _text, None, "name",
                    "The backend `backend(\"auto\")` and `load_onnx(backend=\"auto\")` pick; unset: the best available.")
 WINOGRAD = _declare("winograd", "EMBER_WINOGRAD", _whole, None, "0 | 2 | 4",
                     "Winograd arm for eligible 3x3 convs: 0 off, else the tile m; unset: the backend's cost model.")
-ATTENTION = _declare("attention", "EMBER_ATTENTION", _text, None, "flash | gemm",
+ATTENTION = _declare("attention", "EMBER_ATTENTION", _choice("flash", "gemm"), None, "flash | gemm",
                      "Attention arm: the flash kernel or scores GEMM + softmax + GEMM; unset: the backend's rule.")
 AUTOTUNE = _declare("autotune", "EMBER_AUTOTUNE", _flag, None, "bool",
                     "wgpu GEMM/conv tile autotune; unset: on for hardware GPUs, off on software adapters. "
@@ -157,17 +166,27 @@ def default_runtime_dir() -> None:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 
+def _checked(setting: Setting[Any], value: Any) -> Any:
+    """A value given as text goes through the setting's parser, as the environment's would."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return setting.parse(value.strip())
+    except ValueError as e:
+        raise ValueError(f"settings.override({setting.key}={value!r}): {e}") from None
+
+
 @contextlib.contextmanager
 def override(**values: Any) -> Iterator[None]:
     """Scope settings by key (`override(winograd=0)`), for the whole process, restored on exit. None restores
-    the setting's unset behaviour (its default or run-time decision)."""
+    the setting's unset behaviour (its default or run-time decision); a string is parsed as the variable is."""
     unknown = sorted(set(values) - set(REGISTRY))
     if unknown:
         raise ValueError(f"unknown setting(s) {unknown}; known: {sorted(REGISTRY)}")
     with _lock:
         saved = {k: _overrides.get(k, _UNSET) for k in values}
         for k, v in values.items():
-            _overrides[k] = REGISTRY[k].default if v is None else v
+            _overrides[k] = REGISTRY[k].default if v is None else _checked(REGISTRY[k], v)
     try:
         yield
     finally:

@@ -62,3 +62,12 @@ def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch, env: str,
 def test_readme_lists_every_setting() -> None:
     readme = (ROOT / "README.md").read_text()
     assert settings.table() in readme, "README's settings table is stale: paste `python -m ember.settings`"
+
+
+def test_override_parses_text_as_the_environment_would() -> None:
+    with settings.override(direct_conv="0", attention="gemm"):
+        assert settings.DIRECT_CONV.get() is False
+        assert settings.ATTENTION.get() == "gemm"
+    with pytest.raises(ValueError, match=r"settings.override\(attention='sparse'\): expected one of"), \
+            settings.override(attention="sparse"):
+        pass

@@ -14,7 +14,6 @@ from .. import settings
 FLASH_MAX_SCORES = 512 * 512 - 1  # scores per (batch, head)
 FLASH_MAX_KEYS = 1023
 GEMM_SCORES_MAX_BYTES = 1 << 30  # the S x S scores buffer the GEMM route may allocate
-ARMS = ("flash", "gemm")
 
 
 def flash_pays(batch: int, heads: int, seq_q: int, seq_kv: int, itemsize: int) -> bool:
@@ -29,7 +28,5 @@ def choose(batch: int, heads: int, seq_q: int, seq_kv: int, itemsize: int) -> st
     """"flash" or "gemm": settings.ATTENTION where set, else the rule above."""
     forced = settings.ATTENTION.get()
     if forced is not None:
-        if forced not in ARMS:
-            raise ValueError(f"EMBER_ATTENTION={forced!r}: expected one of {ARMS}")
         return forced
     return "flash" if flash_pays(batch, heads, seq_q, seq_kv, itemsize) else "gemm"
