@@ -43,8 +43,6 @@ import harness  # noqa: E402
 
 import ember  # noqa: E402
 
-cuda_torch = harness.cuda_torch  # re-exported: bench_models.py copies of earlier commits import it from here
-
 # ResNet-18 convolutions (and MobileNetV2's stem): (name, C, K, H(=W) in, R(=S), stride, pad)
 RESNET18 = [
     ("conv1 7x7/2", 3, 64, 224, 7, 2, 3),
@@ -119,7 +117,7 @@ class Bench:
         if host is not None:
             put("numpy", harness.measure(host, self.args.repeat, 3).median)
         if torch is not None:
-            t = cuda_torch()
+            t = harness.cuda_torch()
             put("torch cuda", harness.measure(torch, self.args.repeat, 3, inner=20, sync=t.cuda.synchronize).median)
         for be_name, be in self.backends.items():
             for arm in self.variants:
@@ -187,7 +185,7 @@ class Bench:
 
             return lambda: bufs.be.gemm(False, False, n, n, n, 1.0, ha, n, hb, n, 0.0, hc, n), check
 
-        torch = cuda_torch()
+        torch = harness.cuda_torch()
         tmm = None
         if torch is not None:
             ta, tb = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")

@@ -30,7 +30,6 @@ import harness  # noqa: E402  (puts this checkout's src and tests on sys.path)
 import ember  # noqa: E402
 
 ROOT = harness.ROOT
-cuda_torch = harness.cuda_torch  # re-exported: older scripts import it from here
 
 # ---- models ---------------------------------------------------------------------------------------------
 
@@ -147,7 +146,7 @@ def ort_engine(path: Path, feeds: dict) -> Callable:
 
 
 def torch_engines(module: Any, feeds: dict, compile: bool = True) -> dict[str, Callable]:
-    torch = cuda_torch()
+    torch = harness.cuda_torch()
     out: dict[str, Callable] = {}
     if module is None or torch is None:
         return out
