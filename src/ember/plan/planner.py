@@ -247,10 +247,9 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
                 raise UnsupportedError(f"{node.describe()}: not supported")
             op = cls(node)
             ctx.node = f"{node.name} ({node.op_type})"
+            # Every input is an earlier node's output, a graph input or an initializer: load_onnx checked the graph
+            # (onnx/validate.py).
             ins = [env[i] if i else None for i in node.inputs]
-            missing = [i for i in node.inputs if i and i not in env]
-            if missing:
-                raise ValueError(f"{node.describe()}: input(s) {missing} are produced by no node")
             if all(t is None or t.is_const for t in ins):
                 outs = fold(op, ins)
             else:
