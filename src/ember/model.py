@@ -21,7 +21,7 @@ from .onnx.importer import load
 from .onnx.optimize import optimize
 from .onnx.validate import check_structure
 from .ops import UnsupportedError, lookup
-from .plan import COUNTERS, Plan, WeightPool, build_plan, host_value_inputs
+from .plan import COUNTERS, FoldCache, Plan, WeightPool, build_plan, host_value_inputs
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,7 @@ class Model:
         self._lock = threading.Lock()
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # least recently used first
         self._pool = WeightPool(self._be, graph.initializers.values())
+        self._folds = FoldCache()
         self._plan_bytes = 0  # Plan.device_bytes summed over _plans
         self._builds = self._evictions = 0
         self.inputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.inputs]
@@ -194,7 +195,7 @@ class Model:
         scope = getattr(self._be, "autotune_scope", None)
         with scope(self.autotune) if scope is not None else contextlib.nullcontext() as report:
             plan = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse, precision=self.precision,
-                              pool=self._pool)
+                              pool=self._pool, folds=self._folds)
         if report is not None:  # plan_info shows what tuning cost this plan: autotune.tuned, .seconds, ...
             plan.stats.update({f"autotune.{k}": v for k, v in report.items()})
         return plan

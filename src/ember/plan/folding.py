@@ -5,6 +5,10 @@ vanish); the graph optimizer folds nodes over initializers before any plan."""
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
 
 from ..backends.cpu import CpuBackend
 from ..ops import Context, Op, Tensor
@@ -42,3 +46,60 @@ def fold(op: Op, inputs: list[Tensor | None]) -> list[Tensor | None]:
     finally:
         for h in ctx.handles:
             be.free(h)
+
+
+class FoldCache:
+    """A model's folds, remembered across its plans: the shape arithmetic that every plan folds (Shape ->
+    Gather -> Concat over the dims a new shape leaves alone) runs once, not once per plan. Keyed by the node and
+    its inputs' dtypes, shapes and bytes; only nodes whose inputs are small are kept (`max_input_bytes`), and at
+    most `max_entries` of them (the oldest go first). The values are shared read-only arrays, so a plan's
+    constant they feed is found in the weight pool by identity, not hashed again."""
+
+    def __init__(self, max_entries: int = 4096, max_input_bytes: int = 4096) -> None:
+        self.max_entries = max_entries
+        self.max_input_bytes = max_input_bytes
+        self._entries: OrderedDict[tuple, list[tuple[Any, tuple[int, ...], np.ndarray] | None]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def fold(self, node: Any, op: Op, inputs: list[Tensor | None]) -> list[Tensor | None]:
+        key = self._key(node, inputs)
+        if key is not None:
+            with self._lock:
+                hit = self._entries.get(key)
+                if hit is not None:
+                    self._entries.move_to_end(key)
+                    self.hits += 1
+            if hit is not None:
+                return [None if e is None else Tensor(e[0], e[1], value=e[2]) for e in hit]
+        outs = fold(op, inputs)
+        if key is not None:
+            entry = []
+            for t in outs:
+                if t is None:
+                    entry.append(None)
+                    continue
+                value = np.asarray(t.value)
+                value.flags.writeable = False
+                entry.append((t.dtype, t.shape, value))
+            with self._lock:
+                self.misses += 1
+                self._entries[key] = entry
+                while len(self._entries) > self.max_entries:
+                    self._entries.popitem(last=False)
+            return [None if e is None else Tensor(e[0], e[1], value=e[2]) for e in entry]
+        return outs
+
+    def _key(self, node: Any, inputs: list[Tensor | None]) -> tuple | None:
+        parts: list[Any] = [id(node)]
+        total = 0
+        for t in inputs:
+            if t is None:
+                parts.append(None)
+                continue
+            value = np.asarray(t.value)
+            total += value.nbytes
+            if total > self.max_input_bytes or value.dtype.hasobject:
+                return None
+            parts.append((value.dtype.str, value.shape, value.tobytes()))
+        return tuple(parts)

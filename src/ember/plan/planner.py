@@ -22,7 +22,7 @@ from ..ir import Graph
 from ..ops import Context, Tensor, UnsupportedError, declare_counters, lookup
 from ..ops.base import referenced_handles
 from ..ops.elementwise import emit
-from .folding import fold
+from .folding import FoldCache, fold
 from .weights import WeightPool
 
 
@@ -220,9 +220,10 @@ class _Precision:
 
 def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[int, ...]],
                host_values: dict[str, np.ndarray] | None = None, fuse: bool = True,
-               precision: str = "f32", pool: WeightPool | None = None) -> Plan:
+               precision: str = "f32", pool: WeightPool | None = None, folds: FoldCache | None = None) -> Plan:
     """The plan for these input shapes (and `host_values`: inputs used as shape arithmetic). With a `pool`
-    (the model's), constants are taken from it and uploaded there once."""
+    (the model's), constants are taken from it and uploaded there once; with `folds` (the model's), a node
+    folded before on the same small host values is not run again."""
     if pool is not None:
         pool.register(graph.initializers.values())
     ctx = Context(backend, pool)
@@ -233,6 +234,7 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
     host_values = host_values or {}
     uses = graph.use_counts()
     remaining = dict(uses)  # consumers not planned yet, per value (graph outputs never reach 0)
+    live_names: set[str] = set()  # values some unplanned node (or the graph's outputs) still reads
     for vi in graph.inputs:
         if vi.name in host_values:
             env[vi.name] = Tensor(vi.dtype, shapes[vi.name], value=host_values[vi.name])
@@ -240,6 +242,8 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
         t = ctx.new(vi.dtype, shapes[vi.name], pinned=True)
         env[vi.name] = t
         inputs.append((vi.name, t))
+        if uses.get(vi.name, 0) > 0:
+            live_names.add(vi.name)
     try:
         for node in graph.nodes:
             cls = lookup(node)
@@ -251,7 +255,7 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
             # (onnx/validate.py).
             ins = [env[i] if i else None for i in node.inputs]
             if all(t is None or t.is_const for t in ins):
-                outs = fold(op, ins)
+                outs = folds.fold(node, op, ins) if folds is not None else fold(op, ins)
             else:
                 outs = op.run(ctx, *(mixed.inputs(op, ins) if mixed else ins))
             for name, t in zip(node.outputs, outs, strict=False):
@@ -259,14 +263,17 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
                     env[name] = t
                     t.uses += uses.get(name, 0)
                     remaining[name] = uses.get(name, 0)
+                    if remaining[name] > 0:
+                        live_names.add(name)
             for name in node.inputs:
                 if name:
                     remaining[name] -= 1
+                    if remaining[name] <= 0:
+                        live_names.discard(name)
+            # Only values still to be read keep their buffers (and the buffers their lazy inputs read).
             live: set[int] = set()
-            for name, left in remaining.items():
-                t = env.get(name)
-                if left > 0 and t is not None:
-                    referenced_handles(t, live)
+            for name in live_names:
+                referenced_handles(env[name], live)
             ctx.release_unreferenced(live)
         outputs = []
         input_handles = {t.view.handle for _, t in inputs}
