@@ -226,16 +226,16 @@ class WgpuBackend(ComputeBackend):
     def pipeline(self, label: str, source: str, *, trusted: bool = True) -> Any:
         """A compute pipeline for WGSL `source` (entry point `main`), built once and cached."""
         trusted = trusted and not self.checked
+        key = (source, trusted)  # looked up before the f16 scan below, which costs more than the lookup
+        p = self._pipelines.get(key)
+        if p is not None:
+            self._pipelines.move_to_end(key)
+            return p
         if USES_F16.search(source) and not source.lstrip().startswith("enable f16;"):
             if "shader-f16" not in self.features:
                 raise NotImplementedError(f"wgpu: kernel {label!r} stores float16, but this adapter "
                                           f"({self.adapter_name}) lacks the shader-f16 feature")
             source = "enable f16;\n" + source
-        key = (source, trusted)
-        p = self._pipelines.get(key)
-        if p is not None:
-            self._pipelines.move_to_end(key)
-            return p
         module = dev.create_shader_module(self.device, source, label, trusted)
         p = self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"},
                                                 label=label)

@@ -213,7 +213,7 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
         return matmul_epilogue(out, bias, alpha, beta, act, m, n, guard_m, guard_n, residual)
 
     notes = [f"A {a.shape} strides {a.strides}, B {b.shape} strides {b.strides}"]
-    notes += [f"allocation {h} bound from byte {off}, {size} bytes" for h, (off, size) in windows.items()]
+    notes += [f"{len(windows)} operand(s) bound as windows of larger buffers"] if windows else []
     return record_gemm_kernel(be, "matmul", m, n, k, nb, out.handle, make_a, make_b, make_epilogue, notes, windows,
                               types)
 

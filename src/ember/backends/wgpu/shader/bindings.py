@@ -145,8 +145,12 @@ class Bindings:
         return lines
 
     def comment(self) -> list[str]:
+        # No allocation numbers: the text is the pipeline cache's key, and the same kernel over other buffers (another
+        # plan's, another model's) must find the same pipeline.
         def name(h: Any) -> str:
-            return f"allocation {h}" if isinstance(h, int) else (getattr(h, "label", "") or "scratch buffer")
+            if isinstance(h, int):
+                return "a window of a larger buffer" if h in self.windows else "a tensor"
+            return getattr(h, "label", "") or "scratch buffer"
 
         lines = [f"//   binding {i}: {b.var}, {name(b.handle)}, read-only, array<{self._type(b)}>"
                  for i, b in enumerate(self.reads.values())]
