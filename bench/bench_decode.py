@@ -1,0 +1,149 @@
+"""KV-cache decode speed: `transformers` decoders built from configs (random weights), exported to ONNX with a
+flat KV cache (tests/models/decoders.py), decoded greedily a token a step from a random cache of --past positions.
+
+    python bench/bench_decode.py [--models gpt2-124m,llama-1b] [--steps 32] [--past 32]
+        [--engines ember-wgpu,ember-wgpu-f16,ember-cpu,torch,torch-f16,ort-cpu] [--json out.json] [--md out.md]
+
+Columns per engine: ms per step over the loop (each step a new past length, as in a real decode), tokens/s, and
+for ember the ms of a step whose plan exists already (the same length run again: the replay alone, what a
+shape-polymorphic plan would cost per step) and the plans it built. ember keeps the cache on the device
+(`keep_on_device=True`, presents fed back as pasts); torch runs the transformers model eagerly on CUDA with a
+DynamicCache; ort-cpu is ONNX Runtime's CPU provider on the same export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+from tests.models import decoders  # noqa: E402
+
+import ember  # noqa: E402
+
+MODELS = {
+    "gpt2-124m": decoders.Decoder("gpt2", layers=12, hidden=768, heads=12, kv_heads=12, ff=3072, vocab=50257,
+                                  positions=1024),
+    "llama-1b": decoders.Decoder("llama", layers=16, hidden=2048, heads=32, kv_heads=8, ff=8192, vocab=32000,
+                                 positions=2048),
+    "gpt2-tiny": decoders.GPT2,
+}
+
+
+def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, past: int, steps: int) -> dict:
+    model = ember.load_onnx(path, backend=backend, precision=precision)
+    names = cfg.output_names()
+    cache: dict[str, Any] = cfg.past(1, past)
+    token = 1
+    times = []
+    for step in range(steps):
+        feeds = {"input_ids": np.array([[token]], np.int64), "attention_mask": np.ones((1, past + step + 1), np.int64)}
+        t0 = time.perf_counter()
+        out = model.run({**feeds, **cache}, keep_on_device=True)
+        logits = out["logits"].numpy()
+        times.append((time.perf_counter() - t0) * 1e3)
+        token = int(logits[0, -1].argmax())
+        last = {**feeds, **cache}
+        cache = {f"past{n[len('present'):]}": out[n] for n in names[1:]}
+    replay = harness.measure(lambda: model.run(last, keep_on_device=True)["logits"].numpy(), repeat=20, warmup=2)
+    step_ms = float(np.median(times[1:]))
+    return {"ms/step": step_ms, "tok/s": 1e3 / step_ms, "replay ms": replay.median,
+            "builds": model.cache_info()["builds"]}
+
+
+def torch_loop(cfg: decoders.Decoder, past: int, steps: int, half: bool) -> dict | None:
+    torch = harness.cuda_torch()
+    if torch is None:
+        return None
+    from transformers import DynamicCache
+
+    model = decoders.build(cfg).cuda()
+    if half:
+        model = model.half()
+    dtype = torch.float16 if half else torch.float32
+    cache = DynamicCache()
+    for i, value in enumerate(cfg.past(1, past).values()):
+        if i % 2 == 0:
+            k = torch.from_numpy(value).to("cuda", dtype)
+        else:
+            cache.update(k, torch.from_numpy(value).to("cuda", dtype), i // 2)
+    token = torch.tensor([[1]], device="cuda")
+    times = []
+    with torch.no_grad():
+        for step in range(steps):
+            mask = torch.ones(1, past + step + 1, dtype=torch.int64, device="cuda")
+            t0 = time.perf_counter()
+            out = model(input_ids=token, attention_mask=mask, past_key_values=cache, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+            cache = out.past_key_values
+    step_ms = float(np.median(times[2:]))
+    return {"ms/step": step_ms, "tok/s": 1e3 / step_ms}
+
+
+def ort_loop(cfg: decoders.Decoder, path: str, past: int, steps: int) -> dict:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = cfg.output_names()
+    cache = cfg.past(1, past)
+    token = 1
+    times = []
+    for step in range(steps):
+        feeds = {"input_ids": np.array([[token]], np.int64), "attention_mask": np.ones((1, past + step + 1), np.int64)}
+        t0 = time.perf_counter()
+        out = dict(zip(names, sess.run(names, {**feeds, **cache}), strict=True))
+        times.append((time.perf_counter() - t0) * 1e3)
+        token = int(out["logits"][0, -1].argmax())
+        cache = {f"past{n[len('present'):]}": out[n] for n in names[1:]}
+    step_ms = float(np.median(times[1:]))
+    return {"ms/step": step_ms, "tok/s": 1e3 / step_ms}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="gpt2-124m,llama-1b")
+    ap.add_argument("--engines", default="ember-wgpu,ember-wgpu-f16,torch,torch-f16,ort-cpu")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--past", type=int, default=32)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--md", type=Path)
+    args = ap.parse_args()
+    report = harness.Report("KV-cache decode, batch 1", args)
+    for name in args.models.split(","):
+        cfg = MODELS[name]
+        t0 = time.perf_counter()
+        path = str(decoders.export(cfg, "torchscript"))
+        report.notes.append(f"{name}: export ready in {time.perf_counter() - t0:.0f} s")
+        for engine in args.engines.split(","):
+            try:
+                if engine.startswith("ember-"):
+                    parts = engine.split("-")
+                    res = ember_loop(cfg, path, parts[1], "f16" if parts[-1] == "f16" else "f32", args.past,
+                                     args.steps)
+                elif engine.startswith("torch"):
+                    res = torch_loop(cfg, args.past, max(args.steps, 16), engine.endswith("f16"))
+                elif engine == "ort-cpu":
+                    res = ort_loop(cfg, path, args.past, args.steps)
+                else:
+                    raise ValueError(f"unknown engine {engine!r}")
+            except Exception as e:  # one engine failing leaves the others' figures
+                report.notes.append(f"{name} {engine}: {type(e).__name__}: {str(e)[:200]}")
+                continue
+            if res is None:
+                report.notes.append(f"{name} {engine}: not available here")
+                continue
+            for column, value in res.items():
+                report.set(f"{name} {engine}", column, value)
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
