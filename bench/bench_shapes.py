@@ -3,11 +3,12 @@
     python bench/bench_shapes.py [--models lm,resnet18_b1] [--shapes 60] [--backends cpu,wgpu] [--cache-mb 1024]
         [--run] [--json out.json] [--md out.md]
 
-`lm` is a GPT-2-like net built here (84 MB of weights: an 8192 x 768 embedding, a 1024 x 768 position table sliced
+`bert-hf` is a transformers BertModel (4 layers, width 768) fed a new sequence length per shape; `lm` is a
+GPT-2-like net built here (84 MB of weights: an 8192 x 768 embedding, a 1024 x 768 position table sliced
 to the length, two 768/3072 MLP blocks, a tied head) fed ids (1, S) for S = 8, 16, ...; `resnet18_b1` is
 bench_models' ResNet-18 fed batches 1, 2, ... Each shape builds a plan (`Model.plan_info`, or a run with --run);
-the table gives the RSS and backend bytes the shapes added after the first, Model.cache_info() at the end, and
-what `close()` leaves on the backend.
+the table gives the RSS and backend bytes the shapes added after the first, the build time and (wgpu) new
+pipelines per shape, Model.cache_info() at the end, and what `close()` leaves on the backend.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ def workload(name: str, shapes: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
     rng = np.random.default_rng(0)
     if name == "lm":
         return lm_model(), [{"ids": rng.integers(0, 8192, (1, 8 * (i + 1))).astype(np.int64)} for i in range(shapes)]
+    if name == "bert-hf":  # a transformers BertModel, 4 layers of BERT-base width, a new sequence length per shape
+        from tests.models import encoders
+
+        cfg = encoders.Encoder(layers=4, hidden=768, heads=12, ff=3072, vocab=30522)
+        return str(encoders.export(cfg)), [cfg.feeds(1, 8 + 5 * i, seed=i) for i in range(shapes)]
     import graphs
 
     source, feeds, _ = graphs.resolve(name)
@@ -93,6 +99,7 @@ def main() -> None:
             gc.collect()
             model = ember.load_onnx(source, backend=be, **opts)
             builds, first = [], None
+            pipes = [getattr(be, "pipelines_created", 0)]
             for fd in feeds:
                 t = time.perf_counter()
                 model.run(fd) if args.run else model.plan_info(fd)
@@ -100,11 +107,14 @@ def main() -> None:
                 gc.collect()
                 if first is None:
                     first = (rss_mb(), be.memory_info()["bytes"])
+                    pipes.append(getattr(be, "pipelines_created", 0))
             assert first is not None
             info = model.cache_info() if hasattr(model, "cache_info") else {}
             cells = {"shapes": len(feeds), "RSS +MB": rss_mb() - first[0],
                      "backend +MB": (be.memory_info()["bytes"] - first[1]) / 2**20,
                      "build ms (median)": float(np.median(builds[1:] or builds)),
+                     # wgpu: pipelines built per shape after the first (0 would be a shape-polymorphic plan)
+                     "new pipelines/shape": (getattr(be, "pipelines_created", 0) - pipes[-1]) / max(len(feeds) - 1, 1),
                      **{k: (v / 2**20 if k.endswith("bytes") else v) for k, v in info.items()}}
             model.close()
             gc.collect()
