@@ -48,6 +48,8 @@ def run_model(path: str, backends: list[str], repeat: int, batch: int = 1) -> in
         if feeds is None:
             feeds = {}
             for info in model.inputs:
+                if info.shape is None:  # declared without a shape: the run needs one given (issue 18's --shape)
+                    raise SystemExit(f"ember: input {info.name!r} declares no shape; this command cannot make one up")
                 shape = [batch if not isinstance(d, int) else d for d in info.shape]
                 feeds[info.name] = rng.random(shape, dtype=np.float64).astype(info.dtype)
             if ref_sess is not None:

@@ -130,7 +130,7 @@ class Model:
         self._folds = FoldCache()
         self._plan_bytes = 0  # Plan.device_bytes summed over _plans
         self._builds = self._evictions = 0
-        self.inputs = [TensorInfo(v.name, v.shape if v.shape is not None else (), v.dtype) for v in graph.inputs]
+        self.inputs = [TensorInfo(v.name, v.shape, v.dtype) for v in graph.inputs]  # shape None: any, from the feed
         # An output the model declares without a shape shows None until a plan knows it.
         self.outputs = [TensorInfo(v.name, v.shape, v.dtype) for v in graph.outputs]
         # Per run, each plan counter (Plan.counters) adds its count: every counter the ops declare starts at 0.
@@ -138,14 +138,15 @@ class Model:
         self.rewrites: dict[str, int] = {}
         self._host_inputs = host_value_inputs(graph)
         for vi in graph.inputs:
-            if vi.dtype is None or vi.shape is None:
-                raise ValueError(f"input {vi.name!r}: the model declares no tensor dtype/shape")
+            if vi.dtype is None:
+                raise ValueError(f"input {vi.name!r}: the model declares no tensor dtype")
         # Feeds that are numpy arrays of the declared dtype and static shape, C-contiguous, pass _check_feeds in
         # a few comparisons; anything else takes the full check, which casts or says what is wrong.
+        static = all(v.shape is not None and all(isinstance(d, int) for d in v.shape) for v in graph.inputs)
         self._fast_feeds = tuple((v.name, np.dtype(v.dtype), tuple(v.shape)) for v in graph.inputs) \
-            if all(isinstance(d, int) for v in graph.inputs for d in v.shape) else None
+            if static else None
         # Everything static is compiled now, so the first run is as cheap as the others.
-        if not self._host_inputs and all(isinstance(d, int) for v in graph.inputs for d in v.shape):
+        if not self._host_inputs and static:
             plan = self._plan({v.name: tuple(v.shape) for v in graph.inputs}, {})
             # With static inputs every output shape is known now: fill in what the file left out.
             known = {name: t.shape for name, t in plan.outputs}
@@ -162,7 +163,7 @@ class Model:
         return self._be
 
     def __repr__(self) -> str:
-        ins = ", ".join(f"{i.name}: {i.dtype}{list(i.shape)}" for i in self.inputs)
+        ins = ", ".join(f"{i.name}: {i.dtype}{list(i.shape) if i.shape is not None else '[?]'}" for i in self.inputs)
         outs = ", ".join(f"{o.name}: {o.dtype}{list(o.shape) if o.shape is not None else '[?]'}"
                          for o in self.outputs)
         return f"<ember.Model {len(self.graph.nodes)} nodes on {self.backend!r}; inputs ({ins}); outputs ({outs})>"
@@ -241,10 +242,11 @@ class Model:
                 arr = value
             else:
                 arr = cast_feed(info.name, value, info.dtype)
-            if arr.ndim != len(info.shape):
+            if info.shape is not None and arr.ndim != len(info.shape):  # no declared shape: any feed's is taken
                 raise ValueError(f"input {info.name!r}: expected rank {len(info.shape)} (shape {list(info.shape)}), "
                                  f"got rank {arr.ndim} (shape {list(arr.shape)})")
-            for axis, (want, got) in enumerate(zip(info.shape, arr.shape, strict=True)):
+            declared = (None,) * arr.ndim if info.shape is None else info.shape
+            for axis, (want, got) in enumerate(zip(declared, arr.shape, strict=True)):
                 if isinstance(want, int) and want != got:
                     raise ValueError(f"input {info.name!r}: dim {axis} must be {want}, got {got} "
                                      f"(shape {list(arr.shape)}, expected {list(info.shape)})")
@@ -328,9 +330,11 @@ class Model:
                     "scratch_bytes": plan.scratch_bytes(), "device_bytes": plan.device_bytes,
                     "symbolic_dims": self._symbolic_dims(), **plan.stats}
 
-    def _symbolic_dims(self) -> dict[str, dict[int, str | None]]:
-        return {vi.name: {axis: dim for axis, dim in enumerate(vi.shape or ()) if not isinstance(dim, int)}
-                for vi in self.graph.inputs if any(not isinstance(dim, int) for dim in vi.shape or ())}
+    def _symbolic_dims(self) -> dict[str, dict[int, str | None] | None]:
+        # An input declared without a shape is symbolic in every dim, its rank included: None.
+        return {vi.name: None if vi.shape is None else
+                {axis: dim for axis, dim in enumerate(vi.shape) if not isinstance(dim, int)}
+                for vi in self.graph.inputs if vi.shape is None or any(not isinstance(dim, int) for dim in vi.shape)}
 
     def cache_info(self) -> dict[str, int]:
         """The plan cache and the weight pool: live plans, plans built since load, plans evicted, device bytes the
@@ -386,7 +390,8 @@ def shared_backend(name: str, **opts: Any) -> ComputeBackend:
         return be
 
 
-def load_onnx(model: Any, backend: str | ComputeBackend = "auto", **options: Any) -> Model:
+def load_onnx(model: Any, backend: str | ComputeBackend = "auto", *, external_data_dir: Any = None,
+              **options: Any) -> Model:
     """Load an ONNX model (path, bytes or onnx.ModelProto) onto a backend: "auto", "wgpu", "cpu" (models on
     the same name share one device), or a ComputeBackend object from ember.backend().
 
@@ -396,14 +401,26 @@ def load_onnx(model: Any, backend: str | ComputeBackend = "auto", **options: Any
     least recently used plans are freed, and rebuilt if their shapes come back. autotune (wgpu; default None:
     EMBER_AUTOTUNE if set, else on for hardware GPUs, off for software adapters): time a few GEMM/conv tile
     configs per shape while planning and keep the fastest, cached on disk per adapter (see
-    ember/backends/wgpu/autotune.py). adapter / power_preference pick the wgpu device."""
+    ember/backends/wgpu/autotune.py). adapter / power_preference pick the wgpu device.
+
+    external_data_dir: the folder holding the files of a model that keeps its weights outside the .onnx file (the
+    locations the model names are relative to it); default: a model file's own folder (a model given as bytes or
+    a ModelProto has none: one with external data needs it). A listed file that is missing raises
+    FileNotFoundError naming each tensor and the path looked for; a given ModelProto is never modified.
+
+    A malformed model raises ValueError at load, every problem listed at once, each naming the node, input or
+    attribute with what was expected and what was found: structure (inputs nothing produces, input/output counts),
+    attribute names and types and required attributes per the op's ONNX schema, dtypes the schema ties together or
+    does not allow, and initializers whose data does not fill their dims. An op ember cannot run raises
+    NotImplementedError."""
     if isinstance(backend, ComputeBackend):
         backend._require_init()
     elif not (isinstance(backend, str) and backend.lower() == "auto"):
         backend = canonical_name(backend)
-    graph, source = load(model)
+    graph, source, schema_problems = load(model, external_data_dir)
+    # Malformed first, as ONNX Runtime checks: an op's constructor in check_supported may trip on a bad attribute.
+    check_structure(graph, schema_problems)
     check_supported(graph)
-    check_structure(graph)
     rewrites = optimize(graph) if options.get("fuse", True) else {}
     name = backend.name if isinstance(backend, ComputeBackend) else backend
     try:

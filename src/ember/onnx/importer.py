@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import external_data_helper, helper, numpy_helper
 
 from ..ir import Graph, Node, ValueInfo
+from .validate_schema import schema_problems
 
 
-def read_model(model: Any) -> tuple[onnx.ModelProto, str]:
-    """A ModelProto from a path, bytes or a ModelProto, and a description of where it came from."""
+def read_model(model: Any, external_data_dir: str | os.PathLike | None = None) -> tuple[onnx.ModelProto, str]:
+    """A ModelProto from a path, bytes or a ModelProto, its external data read in from `external_data_dir` (default:
+    a model file's folder), and a description of where it came from. A given ModelProto is never modified."""
+    folder = _check_dir(external_data_dir)
     if isinstance(model, onnx.ModelProto):
-        return model, "the given ModelProto"
+        return _with_external_data(model, "the given ModelProto", folder, copy=True), "the given ModelProto"
     if isinstance(model, (bytes, bytearray, memoryview)):
         source = f"{len(model)} bytes of model data"
         try:
@@ -24,7 +29,7 @@ def read_model(model: Any) -> tuple[onnx.ModelProto, str]:
         except Exception as e:
             raise ValueError(f"cannot parse {source} as an ONNX model: {e}") from e
         _check_nonempty(proto, source)
-        return proto, source
+        return _with_external_data(proto, source, folder), source
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.exists():
@@ -33,19 +38,90 @@ def read_model(model: Any) -> tuple[onnx.ModelProto, str]:
             raise ValueError(f"{path} is a directory, not an ONNX model file")
         source = f"model file {path}"
         try:
-            # External data (weights in side files) resolve relative to the model's folder.
-            proto = onnx.load(str(path), load_external_data=True)
+            proto = onnx.load(str(path), load_external_data=False)  # read below, with errors naming the tensor
         except Exception as e:
             raise ValueError(f"cannot read {source}: {type(e).__name__}: {e}") from e
         _check_nonempty(proto, source)
-        return proto, source
+        return _with_external_data(proto, source, folder or path.parent), source
     raise TypeError(f"model must be a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
+
+
+def _check_dir(folder: Any) -> Path | None:
+    if folder is None:
+        return None
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"external_data_dir: expected a folder path, got {type(folder).__name__}")
+    if not Path(folder).is_dir():
+        raise ValueError(f"external_data_dir: {folder} is not a directory")
+    return Path(folder)
 
 
 def _check_nonempty(proto: onnx.ModelProto, source: str) -> None:
     # Protobuf parses many garbage byte strings as an empty message: treat "no graph" as corrupt.
     if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
         raise ValueError(f"{source} is not a valid ONNX model (no graph found)")
+
+
+def _tensors(graph: onnx.GraphProto | onnx.FunctionProto, where: str = "") -> Iterator[tuple[str, onnx.TensorProto]]:
+    """Every tensor of a graph, its subgraphs and its nodes' attributes, each with a description for errors."""
+    for t in getattr(graph, "initializer", ()):
+        yield f"initializer {t.name!r}{where}", t
+    for n in graph.node:
+        for a in n.attribute:
+            what = f"attribute {a.name!r} of node {n.name or n.op_type!r}{where}"
+            if a.HasField("t"):
+                yield what, a.t
+            yield from ((what, t) for t in a.tensors)
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from _tensors(g, f" (in a subgraph of node {n.name or n.op_type!r})")
+
+
+def _with_external_data(proto: onnx.ModelProto, source: str, folder: Path | None,
+                        copy: bool = False) -> onnx.ModelProto:
+    """The model with the data of its external tensors read in: FileNotFoundError naming each tensor whose file is
+    missing, ValueError for any other fault (a path leaving the folder, an offset past the file's end)."""
+    external = any(external_data_helper.uses_external_data(t) for _, t in _all_tensors(proto))
+    if not external:
+        return proto
+    if copy:  # the caller's ModelProto keeps describing its files; its weights live there, so the copy is small
+        own = onnx.ModelProto()
+        own.CopyFrom(proto)
+        proto = own
+    tensors = [(what, t) for what, t in _all_tensors(proto) if external_data_helper.uses_external_data(t)]
+    if folder is None:
+        names = ", ".join(what for what, _ in tensors[:5]) + (", ..." if len(tensors) > 5 else "")
+        raise ValueError(f"{source} keeps the data of {len(tensors)} tensor(s) ({names}) in external files: pass "
+                         "external_data_dir=, the folder holding them")
+    missing, problems = [], []
+    for what, t in tensors:
+        try:
+            location = external_data_helper.ExternalDataInfo(t).location
+            if not location:
+                problems.append(f"{what}: its external data names no file (no 'location')")
+                continue
+            if not (folder / location).is_file():
+                missing.append(f"{what}: {folder / location}")
+                continue
+            external_data_helper.load_external_data_for_tensor(t, str(folder))
+        except (onnx.checker.ValidationError, OSError, ValueError) as e:
+            problems.append(f"{what}: {e}")
+    if missing:
+        raise FileNotFoundError(_listing(f"missing external data file(s) of {source}", missing))
+    if problems:
+        raise ValueError(_listing(f"unreadable external data in {source}", problems))
+    return proto
+
+
+def _all_tensors(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    yield from _tensors(proto.graph)
+    for f in proto.functions:
+        yield from _tensors(f, f" (in function {f.name!r})")
+
+
+def _listing(head: str, problems: list[str]) -> str:
+    """One error for all the problems, as check_structure lists them."""
+    return f"{head}: {problems[0]}" if len(problems) == 1 else \
+        f"{head} ({len(problems)}):\n" + "\n".join(f"  - {p}" for p in problems)
 
 
 def _dtype(elem_type: int) -> np.dtype | None:
@@ -63,7 +139,8 @@ def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
     if t.HasField("shape"):
         dims = []
         for d in t.shape.dim:
-            if d.HasField("dim_value"):
+            # Some exporters write -1 for a dim they leave free: it is symbolic, as in ONNX Runtime.
+            if d.HasField("dim_value") and d.dim_value >= 0:
                 dims.append(int(d.dim_value))
             elif d.HasField("dim_param"):
                 dims.append(d.dim_param)
@@ -73,9 +150,48 @@ def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
     return ValueInfo(vi.name, _dtype(t.elem_type), shape)
 
 
-def _attr(a: onnx.AttributeProto) -> Any:
+# Element types stored packed: bits per element in raw_data (onnx < 1.23 lacks some of them).
+_PACKED_BITS = {getattr(onnx.TensorProto, name, -1): bits for name, bits in
+                (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2),
+                 ("FLOAT6E2M3", 6), ("FLOAT6E3M2", 6))}
+
+
+def _tensor(t: onnx.TensorProto, what: str, problems: list[str]) -> np.ndarray | None:
+    """The tensor's array, or None with the reason in `problems` (ONNX Runtime refuses data that does not fill
+    the dims exactly, so ember does too, naming the tensor and both counts)."""
+    try:
+        return numpy_helper.to_array(t)
+    except (ValueError, TypeError) as e:
+        problems.append(f"{what}: {_data_mismatch(t) or f'cannot decode its data: {e}'}")
+        return None
+
+
+def _data_mismatch(t: onnx.TensorProto) -> str | None:
+    """How the tensor's data fails to fill its dims, or None if the counts agree (or cannot be told)."""
+    want = math.prod(t.dims)
+    try:
+        kind = onnx.TensorProto.DataType.Name(t.data_type).lower()
+        bits = _PACKED_BITS.get(t.data_type)
+        if t.HasField("raw_data"):
+            bits = bits or 8 * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+            need, got = math.ceil(want * bits / 8), len(t.raw_data)
+            held = f"its raw_data holds {got} bytes ({got * 8 / bits:g} element(s))"
+        else:
+            field = helper.tensor_dtype_to_field(t.data_type)
+            got = len(getattr(t, field))
+            if bits in (2, 4):  # one byte of packed elements per int32_data entry
+                need = math.ceil(want * bits / 8)
+            else:  # one entry per element (6-bit types too), two per complex number
+                need = want * (2 if t.data_type in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128) else 1)
+            held = f"its {field} holds {got} entries" + (f" ({need} needed)" if need != want else "")
+    except Exception:
+        return None
+    return None if got == need else f"dims {list(t.dims)} need {want} element(s) of {kind}, {held}"
+
+
+def _attr(a: onnx.AttributeProto, what: str, problems: list[str]) -> Any:
     if a.type == onnx.AttributeProto.TENSOR:
-        return numpy_helper.to_array(a.t)
+        return _tensor(a.t, what, problems)
     if a.type == onnx.AttributeProto.GRAPH:
         return a.g  # subgraphs stay protos; ops that take them convert what they need
     v = helper.get_attribute_value(a)
@@ -89,14 +205,18 @@ def _attr(a: onnx.AttributeProto) -> Any:
 def to_graph(proto: onnx.ModelProto) -> Graph:
     opsets = {(o.domain if o.domain != "ai.onnx" else ""): int(o.version) for o in proto.opset_import}
     g = proto.graph
-    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    problems: list[str] = []
+    inits: dict[str, Any] = {t.name: _tensor(t, f"initializer {t.name!r}", problems) for t in g.initializer}
     if g.sparse_initializer:
         raise NotImplementedError("sparse initializers are not supported")
     nodes = []
     for i, n in enumerate(g.node):
         dom = n.domain if n.domain != "ai.onnx" else ""
-        nodes.append(Node(n.op_type, dom, list(n.input), list(n.output), {a.name: _attr(a) for a in n.attribute},
-                          n.name or f"{n.op_type}_{i}", opsets.get(dom, 1)))
+        name = n.name or f"{n.op_type}_{i}"
+        attrs = {a.name: _attr(a, f"attribute {a.name!r} of node {name!r}", problems) for a in n.attribute}
+        nodes.append(Node(n.op_type, dom, list(n.input), list(n.output), attrs, name, opsets.get(dom, 1)))
+    if problems:
+        raise ValueError(_listing("tensor data that does not fill its dims", problems))
     # Graph inputs that also have an initializer are defaults the user may override (IR < 4 lists all
     # weights as inputs): treat them as constants, as ONNX Runtime does for non-overridable ones.
     # Some exporters also list values that nodes produce (ConstantOfShape weights) as graph inputs.
@@ -107,6 +227,9 @@ def to_graph(proto: onnx.ModelProto) -> Graph:
     return Graph(nodes, inputs, outputs, inits, vinfo, opsets, g.name)
 
 
-def load(model: Any) -> tuple[Graph, str]:
-    proto, source = read_model(model)
-    return to_graph(proto), source
+def load(model: Any, external_data_dir: str | os.PathLike | None = None) -> tuple[Graph, str, list[str]]:
+    """The graph, where it came from, and what the ONNX schemas find wrong with its nodes (attribute types, dtypes:
+    found on the proto, which holds what the IR drops; check_structure reports them with the graph's own)."""
+    proto, source = read_model(model, external_data_dir)
+    graph = to_graph(proto)
+    return graph, source, schema_problems(graph, proto)

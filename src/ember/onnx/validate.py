@@ -4,10 +4,12 @@ Every node input must be a graph input, an initializer or an earlier node's outp
 sorted), every graph output must be produced, and a node of the default domain must have the input and output
 counts its schema allows, with no required input left empty. Errors are ValueErrors naming the node, the input and
 what was expected, so a malformed model fails at load instead of at its first run. Every problem found is listed in
-one error, as unsupported ops are.
+one error, as unsupported ops are, with those the importer found against the ONNX schemas (validate_schema.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import onnx.defs
 
@@ -17,7 +19,7 @@ _OPTIONAL = onnx.defs.OpSchema.FormalParameterOption.Optional
 _VARIADIC = onnx.defs.OpSchema.FormalParameterOption.Variadic
 
 
-def check_structure(graph: Graph) -> None:
+def check_structure(graph: Graph, schema_problems: Sequence[str] = ()) -> None:
     problems: list[str] = []
     available = {vi.name for vi in graph.inputs} | set(graph.initializers)
     produced = {o for n in graph.nodes for o in n.outputs if o}
@@ -32,6 +34,7 @@ def check_structure(graph: Graph) -> None:
     unproduced = [vi.name for vi in graph.outputs if vi.name not in available]
     if unproduced:
         problems.append(f"graph output(s) {unproduced} are produced by no node and are no input or initializer")
+    problems += schema_problems
     if len(problems) == 1:
         raise ValueError(problems[0])
     if problems:
@@ -44,7 +47,7 @@ def _arity_problems(node: Node) -> list[str]:
     try:
         schema = onnx.defs.get_schema(node.op_type, node.opset, node.domain)
     except onnx.defs.SchemaError:
-        return []  # not an ONNX op at this opset: check_supported has reported it already
+        return []  # not an ONNX op at this opset: check_supported reports it
     problems = []
     given = len(node.inputs)
     if given < schema.min_input or given > schema.max_input:
