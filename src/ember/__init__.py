@@ -12,10 +12,11 @@ from .backends import (
 )
 from .device_array import DeviceArray
 from .model import Model, TensorInfo, load_onnx
+from .session import InferenceSession, SessionOptions
 
 __version__ = "0.1.0"
 
 __all__ = ["BinaryOp", "ComputeBackend", "DeviceArray", "OutOfMemoryError", "ReduceOp", "UnaryOp", "__version__",
            "settings",
-           "Model", "TensorInfo",
+           "InferenceSession", "Model", "SessionOptions", "TensorInfo",
            "available_backends", "backend", "load_onnx"]
