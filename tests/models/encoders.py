@@ -63,7 +63,7 @@ def export(cfg: Encoder = BERT, seed: int = 0) -> Path:
 
         model = Keywords().eval()
         feeds = {k: torch.from_numpy(v) for k, v in cfg.feeds(2, 16).items()}
-        axes = {name: {0: "batch", 1: "sequence"} for name in feeds} | {"last_hidden_state": {0: "batch", 1: "sequence"}}
+        axes = {name: {0: "batch", 1: "sequence"} for name in [*feeds, "last_hidden_state"]}
         with _quiet_export(), torch.no_grad():
             torch.onnx.export(model, (feeds["input_ids"], feeds["attention_mask"], feeds["token_type_ids"]), str(path),
                               input_names=list(feeds), output_names=["last_hidden_state"], dynamic_axes=axes,

@@ -68,7 +68,6 @@ def test_sequence_lengths_on_wgpu_keep_device_bytes_bounded() -> None:
     limit = 4 << 20
     model = ember.load_onnx(path, backend="wgpu", plan_cache_bytes=limit)
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    be = model.compute_backend
     device: list[int] = []
     for i, length in enumerate(_lengths(12)):
         feeds = encoders.BERT.feeds(1, length, seed=i)
