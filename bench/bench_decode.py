@@ -6,7 +6,7 @@ flat KV cache (tests/models/decoders.py), decoded greedily a token a step from a
 
 Columns per engine: ms per step over the loop (each step a new past length, as in a real decode), tokens/s, and
 for ember the ms of a step whose plan exists already (the same length run again: the replay alone, what a
-shape-polymorphic plan would cost per step) and the plans it built. ember keeps the cache on the device
+shape-polymorphic plan would cost per step), the GPU time of that replay (wgpu) and the plans it built. ember keeps the cache on the device
 (`keep_on_device=True`, presents fed back as pasts); torch runs the transformers model eagerly on CUDA with a
 DynamicCache; ort-cpu is ONNX Runtime's CPU provider on the same export.
 """
@@ -53,8 +53,9 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
         cache = {f"past{n[len('present'):]}": out[n] for n in names[1:]}
     replay = harness.measure(lambda: model.run(last, keep_on_device=True)["logits"].numpy(), repeat=20, warmup=2)
     step_ms = float(np.median(times[1:]))
+    gpu = model.gpu_time(last) if backend == "wgpu" else None
     return {"ms/step": step_ms, "tok/s": 1e3 / step_ms, "replay ms": replay.median,
-            "builds": model.cache_info()["builds"]}
+            **({"replay GPU ms": gpu} if gpu is not None else {}), "builds": model.cache_info()["builds"]}
 
 
 def torch_loop(cfg: decoders.Decoder, past: int, steps: int, half: bool) -> dict | None:

@@ -249,9 +249,10 @@ class ComputeBackend(ABC):
         on every run. Here, the steps themselves."""
         return steps
 
-    def execute_prepared(self, prepared: Any) -> None:
-        """Run what prepare() returned, as execute() would run the steps."""
-        self.execute(prepared)
+    def execute_prepared(self, prepared: Any, before: list | tuple = (), after: list | tuple = ()) -> None:
+        """Run what prepare() returned, as execute() would run the steps; `before` / `after`: steps of this run only
+        (a plan's copies of device-array feeds in and of outputs out), run around it."""
+        self.execute([*before, *prepared, *after] if before or after else prepared)
 
     def release_prepared(self, prepared: Any) -> None:
         """Drop whatever a backend keeps with prepare()'s result (wgpu: a command buffer encoded ahead)."""

@@ -42,6 +42,7 @@ class Plan:
         self.counters = dict(ctx.counters)
         self.stats = dict(ctx.counters)  # the counters and facts others add about this plan (plan_info shows them)
         self._readback: tuple[Any, list, dict] | None = None  # prepared steps + output copies, readers
+        self._resident: Any = None  # the prepared steps alone, for runs keeping their outputs on the device
         self._writers: list[tuple[str, Tensor, Any]] | None = None
         # Memory report: what the intermediates take with reuse, next to the sum of all of them.
         self.intermediate_bytes = ctx.intermediate_bytes
@@ -76,7 +77,9 @@ class Plan:
                 post += be.record_copy(t.view.handle, handle, be.nbytes(handle))
                 result[name] = DeviceArray(be, handle, t.dtype, t.shape)
         if keep_on_device:
-            be.execute(pre + self.steps + post if pre or post else self.steps)
+            if self._resident is None:  # the steps alone, prepared once; this run's copies ride around them
+                self._resident = be.prepare(self.steps)
+            be.execute_prepared(self._resident, pre, post)
             return result
         if self._readback is None:
             copies, readers = [], {}
@@ -87,10 +90,7 @@ class Plan:
             # Output copies ride in the same submit as the model; only the wanted ones are read.
             self._readback = (be.prepare(self.steps + copies), copies, readers)
         replay, copies, readers = self._readback
-        if pre:
-            be.execute(pre + self.steps + copies)
-        else:
-            be.execute_prepared(replay)
+        be.execute_prepared(replay, pre)
         for name, t in wanted:
             result[name] = t.value.copy() if t.view is None else readers[name]()
         return result
@@ -121,7 +121,9 @@ class Plan:
         plan holds any more). The plan cannot run afterwards."""
         if self._readback is not None:
             self.backend.release_prepared(self._readback[0])
-        self._writers = self._readback = None  # they hold the buffers being freed
+        if self._resident is not None:
+            self.backend.release_prepared(self._resident)
+        self._writers = self._readback = self._resident = None  # they hold the buffers being freed
         self.steps = []  # and the kernels' scratch goes with them
         for h in self.handles:
             self.backend.free(h)

@@ -28,6 +28,7 @@ from ...core.expr import Expr
 from ...core.view import View
 from ..base import ComputeBackend, OutOfMemoryError
 from . import device as dev
+from . import encode
 from .program import BUFFER_ALIGN, KERNELS, NUMPY_STORAGE, WORKGROUPS_PER_DIM, Copy, Dispatch, Replay, storage_type
 
 PROFILE_WARMUP_S = 0.05  # see profile()
@@ -410,7 +411,8 @@ class WgpuBackend(ComputeBackend):
                 segments.append((st.src._internal, st.src_offset, st.dst._internal, st.dst_offset, st.size))
         return Replay(list(steps), segments, [])
 
-    def execute_prepared(self, prepared: Replay | list) -> None:
+    def execute_prepared(self, prepared: Replay | list, before: list | tuple = (),
+                         after: list | tuple = ()) -> None:
         """One command buffer, one submit: execute() without wgpu-py's wrapper objects and descriptors.
 
         The submitted buffer was encoded at the end of the previous run when there was one; right after the
@@ -418,15 +420,23 @@ class WgpuBackend(ComputeBackend):
         pays no encoding time on the critical path (WebGPU command buffers are single-use, so each run needs
         its own; one encoded early is valid as long as it is submitted after this run's input writes).
         """
-        if type(prepared) is not Replay:
-            self.execute(prepared)
+        if type(prepared) is not Replay or not all(type(st) is Copy for st in (*before, *after)):
+            self.execute([*before, *prepared.steps, *after] if type(prepared) is Replay else
+                         [*before, *prepared, *after])
             return
         lib = _raw_lib()
         cb = prepared.ahead.pop() if prepared.ahead else self.encode_prepared(prepared)
+        # This run's copies (device-array feeds in, outputs out) get command buffers of their own, submitted with
+        # the prepared one: the model's steps keep their encoded-once form.
+        cbs = [encode.encode_copies(self.device, before)] if before else []
+        cbs.append(cb)
+        if after:
+            cbs.append(encode.encode_copies(self.device, after))
         try:
-            _LIBF.wgpuQueueSubmit(self.queue._internal, 1, _FFI.new("WGPUCommandBuffer[1]", [cb]))
+            _LIBF.wgpuQueueSubmit(self.queue._internal, len(cbs), _FFI.new(f"WGPUCommandBuffer[{len(cbs)}]", cbs))
         finally:
-            lib.wgpuCommandBufferRelease(cb)
+            for c in cbs:
+                lib.wgpuCommandBufferRelease(c)
         self.dispatches += len(prepared.steps)
         if settings.ENCODE_AHEAD.get():
             prepared.ahead.append(self.encode_prepared(prepared))
@@ -439,35 +449,9 @@ class WgpuBackend(ComputeBackend):
                 lib.wgpuCommandBufferRelease(prepared.ahead.pop())
 
     def encode_prepared(self, replay: Replay) -> Any:
-        """Encode a Replay into a new raw command buffer (the caller submits and releases it).
-
-        Validation errors of the recorded commands surface at pass end / finish, which go through wgpu-py's
-        error-raising wrappers; the per-dispatch calls are the bare C functions.
-        """
-        lib, null = _raw_lib(), _NULL
-        set_pipeline, set_group, dispatch = (lib.wgpuComputePassEncoderSetPipeline,
-                                             lib.wgpuComputePassEncoderSetBindGroup,
-                                             lib.wgpuComputePassEncoderDispatchWorkgroups)
-        encoder = lib.wgpuDeviceCreateCommandEncoder(self.device._internal, null)
-        try:
-            for seg in replay.segments:
-                if type(seg) is tuple:
-                    lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, *seg)
-                    continue
-                cpass = lib.wgpuCommandEncoderBeginComputePass(encoder, null)
-                try:
-                    for pipeline, group, x, y, z in seg:
-                        if pipeline is not None:
-                            set_pipeline(cpass, pipeline)
-                        if group is not None:
-                            set_group(cpass, 0, group, 0, null)
-                        dispatch(cpass, x, y, z)
-                    _LIBF.wgpuComputePassEncoderEnd(cpass)
-                finally:
-                    lib.wgpuComputePassEncoderRelease(cpass)
-            return _LIBF.wgpuCommandEncoderFinish(encoder, null)
-        finally:
-            lib.wgpuCommandEncoderRelease(encoder)
+        """Encode a Replay into a new raw command buffer (the caller submits and releases it): encode.py."""
+        _raw_lib()
+        return encode.encode_replay(self.device, replay)
 
     def input_writer(self, handle: int, dtype: Any) -> Any:
         """upload() for a plan input: an array already in the storage dtype, C-contiguous and a whole number of
