@@ -128,6 +128,7 @@ class Model:
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # least recently used first
         self._pool = WeightPool(self._be, graph.initializers.values())
         self._folds = FoldCache()
+        self._casts: dict = {}  # precision="f16": the weights' float16 copies, shared by the plans
         self._plan_bytes = 0  # Plan.device_bytes summed over _plans
         self._builds = self._evictions = 0
         self.inputs = [TensorInfo(v.name, v.shape, v.dtype) for v in graph.inputs]  # shape None: any, from the feed
@@ -196,7 +197,7 @@ class Model:
         scope = getattr(self._be, "autotune_scope", None)
         with scope(self.autotune) if scope is not None else contextlib.nullcontext() as report:
             plan = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse, precision=self.precision,
-                              pool=self._pool, folds=self._folds)
+                              pool=self._pool, folds=self._folds, casts=self._casts)
         if report is not None:  # plan_info shows what tuning cost this plan: autotune.tuned, .seconds, ...
             plan.stats.update({f"autotune.{k}": v for k, v in report.items()})
         return plan

@@ -173,8 +173,11 @@ class _Precision:
     elementwise casts, so they fuse into neighbouring elementwise kernels or Conv/MatMul epilogues.
     Constant folding and host inputs (shape arithmetic) keep their float32 values."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, casts: dict | None = None) -> None:
         self.ctx = ctx
+        # The model's float16 copies of its weights, by the weight's pool key: converted once, not once per plan
+        # (a LLaMA-1B's 4.4 GB of float32 took seconds to convert at every new decode length).
+        self.casts = casts
         # (id of the source, dtype) -> (source, converted): a weight, or a computed tensor several nodes read
         # (an attention mask read by every layer), is converted once; the source is held so its id stays unique.
         self.done: dict[tuple[int, str], tuple[Tensor, Tensor]] = {}
@@ -191,12 +194,21 @@ class _Precision:
             out.uses = 1
             return out
         if t.is_const:
-            value = np.asarray(t.value)
-            if dtype == F16:
-                # Saturate, as ONNX's float16 converters do: an exported mask constant such as float32's lowest
-                # value would become -inf, and 0 * -inf = NaN where the model meant 0.
-                value = np.where(np.isfinite(value), np.clip(value, -F16_MAX, F16_MAX), value)
-            converted = value.astype(dtype)
+            pool = self.ctx.pool
+            weight = pool.identity_key(t.value, {}) if pool is not None and self.casts is not None else None
+            hit = self.casts.get((weight, dtype.str)) if weight is not None else None
+            if hit is not None:
+                converted = hit
+            else:
+                value = np.asarray(t.value)
+                if dtype == F16:
+                    # Saturate, as ONNX's float16 converters do: an exported mask constant such as float32's lowest
+                    # value would become -inf, and 0 * -inf = NaN where the model meant 0.
+                    value = np.where(np.isfinite(value), np.clip(value, -F16_MAX, F16_MAX), value)
+                converted = value.astype(dtype)
+                if weight is not None:
+                    converted.flags.writeable = False
+                    self.casts[(weight, dtype.str)] = converted
             out = Tensor(dtype, t.shape, value=converted)
             self.ctx.derived(converted, t, ("cast", dtype.str))  # one buffer for every plan, found without hashing
         else:
@@ -222,15 +234,17 @@ class _Precision:
 
 def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[int, ...]],
                host_values: dict[str, np.ndarray] | None = None, fuse: bool = True,
-               precision: str = "f32", pool: WeightPool | None = None, folds: FoldCache | None = None) -> Plan:
+               precision: str = "f32", pool: WeightPool | None = None, folds: FoldCache | None = None,
+               casts: dict | None = None) -> Plan:
     """The plan for these input shapes (and `host_values`: inputs used as shape arithmetic). With a `pool`
     (the model's), constants are taken from it and uploaded there once; with `folds` (the model's), a node
-    folded before on the same small host values is not run again."""
+    folded before on the same small host values is not run again; with `casts` (the model's), precision="f16"
+    converts each weight once for all plans."""
     if pool is not None:
         pool.register(graph.initializers.values())
     ctx = Context(backend, pool)
     ctx.fuse = fuse
-    mixed = _Precision(ctx) if precision == "f16" else None
+    mixed = _Precision(ctx, casts) if precision == "f16" else None
     env: dict[str, Tensor] = {name: Tensor(arr.dtype, arr.shape, value=arr) for name, arr in graph.initializers.items()}
     inputs = []
     host_values = host_values or {}
