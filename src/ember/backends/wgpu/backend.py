@@ -420,23 +420,32 @@ class WgpuBackend(ComputeBackend):
         pays no encoding time on the critical path (WebGPU command buffers are single-use, so each run needs
         its own; one encoded early is valid as long as it is submitted after this run's input writes).
         """
-        if type(prepared) is not Replay or not all(type(st) is Copy for st in (*before, *after)):
-            self.execute([*before, *prepared.steps, *after] if type(prepared) is Replay else
-                         [*before, *prepared, *after])
+        if type(prepared) is not Replay:
+            self.execute([*before, *prepared, *after])
+            return
+        extra = before or after
+        if extra and not all(type(st) is Copy for st in (*before, *after)):
+            self.execute([*before, *prepared.steps, *after])
             return
         lib = _raw_lib()
         cb = prepared.ahead.pop() if prepared.ahead else self.encode_prepared(prepared)
-        # This run's copies (device-array feeds in, outputs out) get command buffers of their own, submitted with
-        # the prepared one: the model's steps keep their encoded-once form.
-        cbs = [encode.encode_copies(self.device, before)] if before else []
-        cbs.append(cb)
-        if after:
-            cbs.append(encode.encode_copies(self.device, after))
-        try:
-            _LIBF.wgpuQueueSubmit(self.queue._internal, len(cbs), _FFI.new(f"WGPUCommandBuffer[{len(cbs)}]", cbs))
-        finally:
-            for c in cbs:
-                lib.wgpuCommandBufferRelease(c)
+        if not extra:
+            try:
+                _LIBF.wgpuQueueSubmit(self.queue._internal, 1, _FFI.new("WGPUCommandBuffer[1]", [cb]))
+            finally:
+                lib.wgpuCommandBufferRelease(cb)
+        else:
+            # This run's copies (device-array feeds in, outputs out) get command buffers of their own, submitted with
+            # the prepared one: the model's steps keep their encoded-once form.
+            cbs = [encode.encode_copies(self.device, before)] if before else []
+            cbs.append(cb)
+            if after:
+                cbs.append(encode.encode_copies(self.device, after))
+            try:
+                _LIBF.wgpuQueueSubmit(self.queue._internal, len(cbs), _FFI.new("WGPUCommandBuffer[]", cbs))
+            finally:
+                for c in cbs:
+                    lib.wgpuCommandBufferRelease(c)
         self.dispatches += len(prepared.steps)
         if settings.ENCODE_AHEAD.get():
             prepared.ahead.append(self.encode_prepared(prepared))
@@ -450,7 +459,6 @@ class WgpuBackend(ComputeBackend):
 
     def encode_prepared(self, replay: Replay) -> Any:
         """Encode a Replay into a new raw command buffer (the caller submits and releases it): encode.py."""
-        _raw_lib()
         return encode.encode_replay(self.device, replay)
 
     def input_writer(self, handle: int, dtype: Any) -> Any:

@@ -12,12 +12,17 @@ from typing import Any
 
 from .program import Copy, Replay
 
+_API: Any = None
+
 
 def _api() -> Any:
-    # wgpu-native's cffi bindings, private to wgpu-py 0.32 (pinned for that reason).
-    from wgpu.backends.wgpu_native import _api
+    # wgpu-native's cffi bindings, private to wgpu-py 0.32 (pinned for that reason); imported on first use.
+    global _API
+    if _API is None:
+        from wgpu.backends.wgpu_native import _api
 
-    return _api
+        _API = _api
+    return _API
 
 
 def encode_replay(device: Any, replay: Replay) -> Any:
