@@ -377,3 +377,25 @@ def test_unusable_timestamps_fall_back_to_the_host_clock(be: ember.ComputeBacken
         assert len(at.time_candidates(be, [steps], None, reps=1)) == 1 and host
     finally:
         prob.free()
+
+
+def test_sizes_of_one_class_share_a_tuning(be: ember.ComputeBackend, rng: np.random.Generator) -> None:
+    """A GEMM whose rows change from run to run (a sequence length) is tuned once per size class (exact to 64,
+    then powers of two), and the shared choice still computes each size right."""
+    assert [at.size_class(v) for v in (1, 64, 65, 100, 128, 129)] == [1, 64, 128, 128, 128, 256]
+    n, k = 130, 400
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    t = fresh_tuner(be)
+    for m in (96, 100, 120):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        c = np.zeros((m, n), np.float32)
+        (ha, _), (hb, _), (hc, vc) = upload(be, a), upload(be, b), upload(be, c)
+        try:
+            with be.autotune_scope(True):
+                be.gemm(False, False, m, n, k, 1.0, ha, k, hb, n, 0.0, hc, n)
+            got = be.download(vc)
+        finally:
+            for h in (ha, hb, hc):
+                be.free(h)
+        check(got, a.astype(np.float64) @ b, n, f"gemm m={m} with its class's tuning")
+    assert t.stats["tuned"] == 1 and t.stats["hits"] == 2

@@ -157,7 +157,15 @@ def _loader_signature(ld: Loader, z: int) -> str:
     return type(ld).__name__
 
 
+def size_class(v: int) -> int:
+    """The size a tuned choice is kept under: exact up to 64, then the next power of two. Shapes that change from
+    run to run (a sequence length, a batch) meet one tuning per class, not one per value; the entry is checked
+    for legality at each member (_entry_plan)."""
+    return v if v <= 64 else 1 << (v - 1).bit_length()
+
+
 def problem_key(name: str, m: int, n: int, k: int, z: int, a: Loader, b: Loader, dtype: str = "f32") -> str:
+    m, n, k, z = (size_class(v) for v in (m, n, k, z))
     return f"{name} {dtype} z{z} m{m} n{n} k{k} A:{_loader_signature(a, z)} B:{_loader_signature(b, z)}"
 
 
