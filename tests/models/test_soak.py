@@ -1,0 +1,103 @@
+"""Long runs and threads: many runs alternating input shapes keep memory flat; several threads running the same
+model and different models at once all get ONNX Runtime's results; a closed model gives its device memory back."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import ember
+
+from ..unit.test_plan_cache import Reference, conv3x3, mlp
+from . import encoders
+
+ort = pytest.importorskip("onnxruntime")
+
+TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def test_soak_alternating_shapes_keeps_memory_flat(backend_name: str) -> None:
+    """10k runs (2k on the software GPU) over four batch sizes, all four plans cached: after the first thousand,
+    RSS grows by less than 2 MB and the backend's bytes not at all."""
+    runs = 10_000 if backend_name == "cpu" else 2_000
+    model = ember.load_onnx(mlp(), backend=backend_name)
+    ref = Reference(mlp())
+    rng = np.random.default_rng(0)
+    xs = {b: rng.standard_normal((b, 16)).astype(np.float32) for b in (1, 2, 3, 5)}
+    want = {b: ref(x) for b, x in xs.items()}
+    be = model.compute_backend
+    marks: list[tuple[float, int]] = []
+    for i in range(runs):
+        b = (1, 2, 3, 5)[i % 4]
+        got = model.run({"x": xs[b]})["y"]
+        if i % 997 == 0:
+            np.testing.assert_allclose(got, want[b], **TOL, err_msg=f"run {i}")
+        if i in (1000, runs - 1):
+            gc.collect()
+            marks.append((_rss_mb(), be.memory_info()["bytes"]))
+    (rss0, dev0), (rss1, dev1) = marks
+    assert rss1 - rss0 < 2, f"RSS grew {rss1 - rss0:.1f} MB over {runs - 1000} runs"
+    assert dev1 == dev0
+    info = model.cache_info()
+    assert info["plans"] == 4 and info["builds"] == 4 and info["evictions"] == 0
+    model.close()
+
+
+def test_threads_run_different_models_at_once(backend_name: str) -> None:
+    """Two threads on each of three models (an MLP, a conv, a transformers BERT export) on one backend: every
+    run equals ONNX Runtime's."""
+    rng = np.random.default_rng(1)
+    bert_path = str(encoders.export())
+    bert_sess = ort.InferenceSession(bert_path, providers=["CPUExecutionProvider"])
+    cases = []
+    for proto in (mlp(), conv3x3()):
+        ref = Reference(proto)
+        shape = (3, 16) if proto.graph.name == "mlp" else (2, 4, 8, 8)
+        feeds = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(2)]
+        cases.append((ember.load_onnx(proto, backend=backend_name), feeds, [ref(f["x"]) for f in feeds]))
+    bert_feeds = [encoders.BERT.feeds(1, n, seed=n) for n in (7, 12)]
+    cases.append((ember.load_onnx(bert_path, backend=backend_name), bert_feeds,
+                  [bert_sess.run(None, f)[0] for f in bert_feeds]))
+    errors: list[BaseException] = []
+
+    def work(model: ember.Model, feeds: list, want: list, seed: int) -> None:
+        try:
+            for j in np.random.default_rng(seed).integers(0, len(feeds), 20):
+                got = next(iter(model.run(feeds[j]).values()))
+                np.testing.assert_allclose(got, want[j], **TOL)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(*case, 2 * i + k)) for i, case in enumerate(cases) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not any(t.is_alive() for t in threads), "a thread is still running after 10 minutes"
+    assert not errors, errors[0]
+    for model, _, _ in cases:
+        model.close()
+
+
+def test_a_closed_model_gives_its_device_memory_back(backend_name: str) -> None:
+    be = ember.backend(backend_name)  # a backend of the test's own: only this model allocates on it
+    before = be.memory_info()
+    model = ember.load_onnx(str(encoders.export()), backend=be)
+    for n in (5, 9, 17):
+        model.run(encoders.BERT.feeds(2, n))
+    held = be.memory_info()
+    assert held["bytes"] > before["bytes"] + model.cache_info()["weight_bytes"] // 2
+    model.close()
+    after = be.memory_info()
+    assert after["bytes"] == before["bytes"] and after["allocations"] == before["allocations"]
