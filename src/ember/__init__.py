@@ -4,6 +4,7 @@ from . import settings
 from .backends import (
     BinaryOp,
     ComputeBackend,
+    DeviceLostError,
     OutOfMemoryError,
     ReduceOp,
     UnaryOp,
@@ -16,7 +17,8 @@ from .session import InferenceSession, SessionOptions
 
 __version__ = "0.1.0"
 
-__all__ = ["BinaryOp", "ComputeBackend", "DeviceArray", "OutOfMemoryError", "ReduceOp", "UnaryOp", "__version__",
+__all__ = ["BinaryOp", "ComputeBackend", "DeviceArray", "DeviceLostError", "OutOfMemoryError", "ReduceOp", "UnaryOp",
+           "__version__",
            "settings",
            "InferenceSession", "Model", "SessionOptions", "TensorInfo",
            "available_backends", "backend", "load_onnx"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import ComputeBackend, canonical_name
+from .backends import ComputeBackend, DeviceLostError, canonical_name
 from .backends import backend as make_backend
 from .device_array import DeviceArray
 from .ir import Graph
@@ -118,6 +118,8 @@ class Model:
         if precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {list(PRECISIONS)}, got {precision!r}")
         self.source = source
+        # How reload() finds a device again: the backend's name and options (None: the caller's own object).
+        self._backend_spec = None if isinstance(backend, ComputeBackend) else (backend, backend_opts)
         self._be = backend if isinstance(backend, ComputeBackend) else shared_backend(backend, **backend_opts)
         if precision == "f16":
             check_f16(self._be)
@@ -269,7 +271,7 @@ class Model:
             bad = [n for n in output_names if n not in known]
             if bad:
                 raise ValueError(f"unknown output name(s) {bad}; the model's outputs are {known}")
-        with self._lock:
+        with self._lock, self._device_errors():
             plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
             result = plan.run(arrays, output_names, keep_on_device)
             for k, v in plan.counters.items():
@@ -297,7 +299,7 @@ class Model:
         timed with that step executed twice, minus the run), so the times add up to about the run's GPU time;
         on a software adapter each step is timed alone. See WgpuBackend.profile."""
         arrays = self._check_feeds(feeds)
-        with self._lock:
+        with self._lock, self._device_errors():
             plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
             plan.run(arrays)  # inputs in place, pipelines warm
             rows = sorted(plan.profile(), key=lambda r: -r[1])
@@ -307,7 +309,7 @@ class Model:
         """Milliseconds the device spends on one run with these feeds' shapes, host work excluded (on wgpu: GPU
         timestamps around the run's command buffer, after a warm-up; min of `reps`). profile() splits it up."""
         arrays = self._check_feeds(feeds)
-        with self._lock:
+        with self._lock, self._device_errors():
             plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
             plan.run(arrays)
             return plan.gpu_time(reps)
@@ -345,6 +347,41 @@ class Model:
             return {"plans": len(self._plans), "builds": self._builds, "evictions": self._evictions,
                     "bytes": self._plan_bytes, "weight_bytes": self._pool.bytes, "limit_bytes": self._limit}
 
+    @contextlib.contextmanager
+    def _device_errors(self) -> Any:
+        """Errors that mean the device is gone become one DeviceLostError naming the backend."""
+        if self._be.lost is not None:
+            raise DeviceLostError(f"{self._be.name} backend: the device was lost ({self._be.lost}); call "
+                                  "model.reload() or load the model again")
+        try:
+            yield
+        except DeviceLostError:
+            raise
+        except Exception as e:
+            if not self._be.device_lost(e):
+                raise
+            raise DeviceLostError(f"{self._be.name} backend: the device was lost ({self._be.lost}); call "
+                                  "model.reload() or load the model again") from e
+
+    def reload(self) -> None:
+        """Move the model onto a working device after a DeviceLostError: a new backend of the same name and options
+        (shared with the models loaded by name after the loss), the weights uploaded again, the plans rebuilt on
+        their next run. A model loaded onto a backend object of the caller's needs a new load with a new object."""
+        with self._lock:
+            if self._backend_spec is None:
+                raise RuntimeError(f"this model runs on a {self._be.name} backend object given to load_onnx: load "
+                                   "it again with a new one (ember.backend(...))")
+            plans, self._plans = self._plans, OrderedDict()
+            if self._be.lost is None:  # a reload of a working model: give its memory back first
+                for plan in plans.values():
+                    plan.free()
+                self._pool.close()
+            name, opts = self._backend_spec
+            self._be = shared_backend(name, **opts)
+            self._pool = WeightPool(self._be, self.graph.initializers.values())
+            self._folds, self._casts = FoldCache(), {}
+            self._plan_bytes = 0
+
     def close(self) -> None:
         """Free the device memory of every plan and of the shared weights. Called when the model is collected; a
         later run builds (and uploads) again."""
@@ -354,6 +391,8 @@ class Model:
         with lock:
             plans, self._plans = self._plans, OrderedDict()
             self._plan_bytes = 0
+            if self._be.lost is not None:  # nothing on a lost device can be freed
+                return
             for plan in plans.values():
                 plan.free()
             self._pool.close()
@@ -386,7 +425,7 @@ def shared_backend(name: str, **opts: Any) -> ComputeBackend:
     key = (canonical_name(name), tuple(sorted(opts.items())))
     with _SHARED_LOCK:
         be = _SHARED.get(key)
-        if be is None:
+        if be is None or be.lost is not None:  # a lost device is replaced by a new one
             be = _SHARED[key] = make_backend(key[0], **opts)
         return be
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from .. import settings
-from .base import BinaryOp, ComputeBackend, OutOfMemoryError, ReduceOp, UnaryOp, View
+from .base import BinaryOp, ComputeBackend, DeviceLostError, OutOfMemoryError, ReduceOp, UnaryOp, View
 
 ALIASES = {"gpu": "wgpu", "webgpu": "wgpu", "numpy": "cpu", "wgpu": "wgpu", "cpu": "cpu"}
 ORDER = ["wgpu", "cpu"]  # best first
 
-__all__ = ["ALIASES", "BinaryOp", "ComputeBackend", "OutOfMemoryError", "ReduceOp", "UnaryOp", "View",
+__all__ = ["ALIASES", "BinaryOp", "ComputeBackend", "DeviceLostError", "OutOfMemoryError", "ReduceOp", "UnaryOp",
+           "View",
            "available_backends", "backend", "canonical_name"]
 
 

@@ -66,6 +66,11 @@ class OutOfMemoryError(MemoryError):
     """The device could not provide the memory an allocation asked for."""
 
 
+class DeviceLostError(RuntimeError):
+    """The device a backend ran on is gone (a driver reset, the GPU removed, the device destroyed): that backend
+    object runs nothing again. `Model.reload()` (or a new load) moves a model onto a new device."""
+
+
 def as_enum(kind: type[enum.Enum], value: Any, arg: str) -> Any:
     if isinstance(value, kind):
         return value

@@ -24,6 +24,7 @@ from . import attention_arm
 from .api_types import (
     BinaryOp,
     ConvKernel,
+    DeviceLostError,
     OutOfMemoryError,
     ReduceOp,
     UnaryOp,
@@ -33,8 +34,8 @@ from .api_types import (
     check_shape,
 )
 
-__all__ = ["BinaryOp", "ComputeBackend", "ConvKernel", "OutOfMemoryError", "ReduceOp", "UnaryOp", "View", "as_enum",
-           "check_dim", "check_pair", "check_shape"]
+__all__ = ["BinaryOp", "ComputeBackend", "ConvKernel", "DeviceLostError", "OutOfMemoryError", "ReduceOp", "UnaryOp",
+           "View", "as_enum", "check_dim", "check_pair", "check_shape"]
 
 F32 = 4  # bytes per float32 element
 
@@ -48,6 +49,12 @@ class ComputeBackend(ABC):
         self._initialized = False
         self._sizes: dict[int, int] = {}  # handle -> nbytes asked for
         self._next_handle = 1
+        self.lost: str | None = None  # why the device is gone (device_lost), None while it works
+
+    def device_lost(self, error: BaseException) -> bool:
+        """Whether `error` (raised by this backend's work) means the device is gone; a backend whose device can
+        be lost records why in `lost`. The cpu backend's cannot."""
+        return self.lost is not None
 
     # ---- life cycle -------------------------------------------------------------------------------
     def init(self) -> ComputeBackend:

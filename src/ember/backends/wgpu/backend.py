@@ -95,6 +95,14 @@ class WgpuBackend(ComputeBackend):
         self.max_buffer = int(self.limits["max-buffer-size"])
         self._sync_buf = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
 
+    def device_lost(self, error: BaseException) -> bool:
+        # wgpu-native says so in the validation error of the first call after the loss ("Parent device is lost").
+        text = str(error).lower()
+        if self.lost is None and ("device is lost" in text or "device lost" in text):
+            self.lost = next((line.strip() for line in str(error).splitlines()[::-1] if "lost" in line.lower()),
+                             "device lost")
+        return self.lost is not None
+
     @property
     def adapter_name(self) -> str:
         return dev._describe(self.adapter)
