@@ -52,3 +52,4 @@ def test_reload_of_a_model_on_a_caller_backend_object_says_what_to_do() -> None:
     with pytest.raises(RuntimeError, match="backend object given to load_onnx"):
         model.reload()
     model.close()  # nothing to free on a lost device, and no error
+

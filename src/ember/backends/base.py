@@ -75,11 +75,16 @@ class ComputeBackend(ABC):
         return f"<ember {self.name} backend, {state}, {len(self._sizes)} live allocations>"
 
     # ---- memory -----------------------------------------------------------------------------------
-    def alloc(self, nbytes: int) -> int:
+    def alloc(self, nbytes: int, *, overwritten: bool = False) -> int:
+        """A new allocation of `nbytes`, zeroed; `overwritten`: the caller writes every byte before anything reads
+        it (a run's output copy), so a backend may hand out recycled memory uncleared."""
         self._require_init()
         nbytes = check_dim(nbytes, "nbytes")
         handle = self._next_handle
-        self._device_alloc(handle, nbytes)
+        if overwritten:
+            self._device_alloc_recycled(handle, nbytes)
+        else:
+            self._device_alloc(handle, nbytes)
         self._next_handle += 1
         self._sizes[handle] = nbytes
         return handle
@@ -237,6 +242,10 @@ class ComputeBackend(ABC):
 
     @abstractmethod
     def _device_free(self, handle: int) -> None: ...
+
+    def _device_alloc_recycled(self, handle: int, nbytes: int) -> None:
+        """_device_alloc for memory the caller overwrites whole: here, a fresh allocation."""
+        self._device_alloc(handle, nbytes)
 
     @abstractmethod
     def _device_write(self, handle: int, offset: int, data: memoryview) -> None: ...

@@ -73,7 +73,7 @@ class Plan:
                 if t.view is None:  # a constant output
                     result[name] = DeviceArray.from_numpy(be, t.value)
                     continue
-                handle = be.alloc(max(t.size, 1) * be.storage_itemsize(t.dtype))
+                handle = be.alloc(max(t.size, 1) * be.storage_itemsize(t.dtype), overwritten=True)
                 post += be.record_copy(t.view.handle, handle, be.nbytes(handle))
                 result[name] = DeviceArray(be, handle, t.dtype, t.shape)
         if keep_on_device:

@@ -32,9 +32,6 @@ from . import encode
 from .program import BUFFER_ALIGN, KERNELS, NUMPY_STORAGE, WORKGROUPS_PER_DIM, Copy, Dispatch, Replay, storage_type
 
 PROFILE_WARMUP_S = 0.05  # see profile()
-# Kernels' transient buffers (WgpuBackend.scratch): each kernel gets its own while the backend's private scratch
-# stays within settings.SCRATCH_PRIVATE_MB; beyond that one buffer per role is shared (settings.SHARED_SCRATCH).
-# Sharing costs a few % of GPU time for a fraction of the memory (BENCHMARKS.md, "scratch").
 PROFILE_REPS = 3
 # gpu_time keeps stamping runs for at least this long and reports the fastest: a GPU idle for a few seconds (say
 # while a model compiles) reads several times slow for a fraction of a second of stamped runs (BENCHMARKS.md).
@@ -72,6 +69,8 @@ class WgpuBackend(ComputeBackend):
         self._adapter_opt = adapter
         self._power = power_preference
         self._bufs: dict[int, Any] = {}
+        self._spare = encode.SpareBuffers()  # freed buffers kept for alloc(overwritten=True)
+        self._recycled: set[int] = set()  # live handles whose buffers go back to _spare when freed
         # Least recently used first; bounded by settings.PIPELINE_CACHE. Shaders are specialised per shape, so a model
         # fed many shapes would otherwise keep every compiled pipeline for the life of the process. A plan's steps
         # hold the pipelines they dispatch, so dropping one from the cache never breaks a recorded plan.
@@ -117,16 +116,31 @@ class WgpuBackend(ComputeBackend):
         size = -(-nbytes // BUFFER_ALIGN) * BUFFER_ALIGN
         if size > self.max_buffer:
             raise OutOfMemoryError(f"wgpu: {nbytes} bytes exceed the adapter's max buffer size {self.max_buffer}")
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         try:
-            buf = self.device.create_buffer(
-                size=size, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-            )
-        except wgpu.GPUOutOfMemoryError as e:
-            raise OutOfMemoryError(f"wgpu: out of device memory allocating {nbytes} bytes: {e}") from e
+            buf = self.device.create_buffer(size=size, usage=usage)
+        except wgpu.GPUOutOfMemoryError:
+            self._spare.release()  # the kept buffers may be what is missing
+            try:
+                buf = self.device.create_buffer(size=size, usage=usage)
+            except wgpu.GPUOutOfMemoryError as e:
+                raise OutOfMemoryError(f"wgpu: out of device memory allocating {nbytes} bytes: {e}") from e
         self._bufs[handle] = buf
 
     def _device_free(self, handle: int) -> None:
-        self._bufs.pop(handle).destroy()
+        buf = self._bufs.pop(handle)
+        if handle in self._recycled:  # an output copy's buffer: kept for the next run's
+            self._recycled.discard(handle)
+            return self._spare.keep(buf)
+        buf.destroy()
+
+    def _device_alloc_recycled(self, handle: int, nbytes: int) -> None:
+        buf = self._spare.take(-(-nbytes // BUFFER_ALIGN) * BUFFER_ALIGN)
+        if buf is None:
+            self._device_alloc(handle, nbytes)
+        else:
+            self._bufs[handle] = buf
+        self._recycled.add(handle)
 
     def _device_write(self, handle: int, offset: int, data: memoryview) -> None:
         n = data.nbytes

@@ -1,4 +1,5 @@
-"""Prepared steps into raw wgpu-native command buffers: the replay's hot loop, through the bare C functions.
+"""The replay's hot path: prepared steps into raw wgpu-native command buffers through the bare C functions, and
+the freed buffers a resident run's output copies reuse.
 
 A plan's steps are resolved once to native handles (`Replay`, program.py); each run encodes them here with no
 wgpu-py wrapper objects or descriptors, and a run's own copies (device-array feeds in, outputs out) get a command
@@ -64,3 +65,35 @@ def encode_copies(device: Any, copies: list[Copy] | tuple[Copy, ...]) -> Any:
         return api.libf.wgpuCommandEncoderFinish(encoder, null)
     finally:
         lib.wgpuCommandEncoderRelease(encoder)
+
+
+class SpareBuffers:
+    """Freed buffers kept for alloc(overwritten=True): a resident run's output copies (a decode step makes one per KV
+    tensor) reuse them, since creating a buffer costs more than the copy into it. Small ones only, up to `limit`
+    bytes in all; release() destroys them (an allocation that found no room does, before retrying)."""
+
+    def __init__(self, limit: int = 64 << 20) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._by_size: dict[int, list[Any]] = {}
+
+    def keep(self, buf: Any) -> None:
+        if buf.size <= self.limit // 8 and self.bytes + buf.size <= self.limit:
+            self._by_size.setdefault(buf.size, []).append(buf)
+            self.bytes += buf.size
+        else:
+            buf.destroy()
+
+    def take(self, size: int) -> Any:
+        bufs = self._by_size.get(size)
+        if not bufs:
+            return None
+        self.bytes -= size
+        return bufs.pop()
+
+    def release(self) -> None:
+        for bufs in self._by_size.values():
+            for buf in bufs:
+                buf.destroy()
+        self._by_size.clear()
+        self.bytes = 0
