@@ -1,77 +1,30 @@
-"""Command line: `ember demo`, `ember run MODEL`, `ember backends`."""
+"""Command line: `ember info MODEL`, `ember check MODEL`, `ember run MODEL`, `ember backends`, `ember demo`.
+
+Errors are one line on stderr, `ember: error: ...` (a traceback with --debug), and every command exits with
+0 ok, 1 outputs differ from ONNX Runtime's, 2 bad usage or arguments, 3 model rejected at load (malformed),
+4 unsupported op, 5 other runtime error; with several backends, the highest of theirs. The model commands
+live in ember/cli_commands.py, what they share (feeds, the ONNX Runtime reference, the comparison) in
+ember/cli_util.py.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable
+import traceback
 
 import numpy as np
 
 import ember
 
-
-def _median_ms(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm-up (and, on wgpu, pipeline creation)
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
-
-
-def _ort_session(path: str) -> object | None:
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        return None
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+from .cli_commands import Evaluation, check, error_line, info, run
+from .cli_util import EXIT_CODES, RUNTIME, USAGE, FeedOptions, describe_error, median_ms
 
 
 def run_model(path: str, backends: list[str], repeat: int, batch: int = 1) -> int:
-    print(f"model: {path}")
-    ref_sess = _ort_session(path)
-    rng = np.random.default_rng(0)
-    feeds = None
-    ref = None
-    rows = []
-    for name in backends:
-        t = time.perf_counter()
-        model = ember.load_onnx(path, backend=name)
-        load_s = time.perf_counter() - t
-        if feeds is None:
-            feeds = {}
-            for info in model.inputs:
-                if info.shape is None:  # declared without a shape: the run needs one given (issue 18's --shape)
-                    raise SystemExit(f"ember: input {info.name!r} declares no shape; this command cannot make one up")
-                shape = [batch if not isinstance(d, int) else d for d in info.shape]
-                feeds[info.name] = rng.random(shape, dtype=np.float64).astype(info.dtype)
-            if ref_sess is not None:
-                ref = ref_sess.run(None, feeds)
-                ms = _median_ms(lambda f=feeds: ref_sess.run(None, f), repeat)
-                rows.append(("onnxruntime (cpu)", "-", f"{ms:.2f}", "reference"))
-        out = model.run(feeds)
-        ms = _median_ms(lambda m=model, f=feeds: m.run(f), repeat)
-        if ref is not None:
-            errs, top_ok = [], True
-            for got, want in zip(out.values(), ref, strict=True):
-                errs.append(float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30)))
-                top_ok = top_ok and (got.ndim < 2 or bool((got.argmax(-1) == want.argmax(-1)).all()))
-            note = f"max rel err {max(errs):.1e}, top-1 {'same' if top_ok else 'DIFFERENT'}"
-        else:
-            note = "onnxruntime not installed: no reference"
-        label = name if name != "wgpu" else f"wgpu ({model.compute_backend.adapter_name})"
-        rows.append((label, f"{load_s:.2f}", f"{ms:.2f}", note))
-    print(f"{'engine':48} {'load s':>7} {'run ms':>8}  check")
-    for r in rows:
-        print(f"{r[0]:48} {r[1]:>7} {r[2]:>8}  {r[3]}")
-    return 0
+    """Random inputs (symbolic dims = batch) on each backend next to ONNX Runtime, timed; the exit code."""
+    return Evaluation(path, backends, FeedOptions(batch=batch), repeat=repeat).execute()
 
 
 def demo_primitives(backends: list[str]) -> None:
@@ -92,7 +45,7 @@ def demo_primitives(backends: list[str]) -> None:
             be.gemm(False, False, m, n, k, 1.0, ha, k, hb, n, 0.0, hc, n)
             be.synchronize()
 
-        ms = _median_ms(gemm, 10)
+        ms = median_ms(gemm, 10)
         c = np.empty((m, n), np.float32)
         be.copy_dtoh(c, hc)
         err = np.abs(c - ref).max() / np.abs(ref).max()
@@ -108,36 +61,106 @@ def demo(args: argparse.Namespace) -> int:
 
     light = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
     for path in args.model or [os.path.join(light, "light_squeezenet.onnx")]:
-        run_model(path, backends, args.repeat)
+        run_model(path, backends, args.repeat)  # a mismatch is shown, not an error, as before
         print()
     demo_primitives(backends)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ember", description=ember.__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="run a real model on every backend next to ONNX Runtime")
+def _feed_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("inputs (random unless given)")
+    g.add_argument("--input", action="append", metavar="NAME=FILE", help="an input from a file: NAME=FILE.npy, "
+                   "NAME=FILE.npz (its array NAME, or its only one) or FILE.npz (each array feeds the input of "
+                   "its name); repeatable")
+    g.add_argument("--shape", action="append", metavar="NAME=D0,D1,...", help="the shape of a random input "
+                   "(needed where the model declares none), e.g. x=1,3,224,224; repeatable")
+    g.add_argument("--batch", type=int, default=1, help="value for the dims the model leaves open that neither "
+                   "--shape nor --input fixes (a symbolic dim takes the value another input gave it; default 1)")
+    g.add_argument("--int-range", default="0,9", metavar="LO,HI", help="range of random integer inputs, both "
+                   "ends included (default 0,9: valid indices for token ids and the like; negative: --int-range=-5,5)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+
+
+def _tolerance_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("comparison with ONNX Runtime (CPU)",
+                             "a float output matches where |ember - ort| <= atol + rtol * |ort|; integer and bool "
+                             "outputs must be equal; 'rel err' is max abs err / max |ort|")
+    g.add_argument("--rtol", type=float, default=1e-3, help="default 1e-3")
+    g.add_argument("--atol", type=float, default=1e-4, help="default 1e-4")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an error")
+    p = argparse.ArgumentParser(prog="ember", description=ember.__doc__, epilog=EXIT_CODES, parents=[common])
+    p.add_argument("--version", action="version", version=f"ember {ember.__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", epilog=EXIT_CODES,
+                              parents=[common])
+
+    i = command("info", "show a model's inputs, outputs, opsets, ops, weights and what each backend says of it")
+    i.add_argument("model")
+    i.add_argument("--backend", default="all", choices=["cpu", "wgpu", "all", "none"],
+                   help="backends to load the model on (default: all available; none: no load)")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    i.set_defaults(func=info)
+    c = command("check", "run a model on random (or given) inputs on each backend and compare with ONNX Runtime")
+    c.add_argument("model")
+    c.add_argument("--backend", default="all", choices=["cpu", "wgpu", "all"], help="default: all available")
+    _feed_args(c)
+    _tolerance_args(c)
+    c.set_defaults(func=check)
+    r = command("run", "run an ONNX model on given or random inputs, compare with ONNX Runtime, time it")
+    r.add_argument("model")
+    r.add_argument("--backend", default="all", choices=["cpu", "wgpu", "all"], help="default: all available")
+    r.add_argument("--repeat", type=int, default=10, help="timed runs after a warm-up (default 10)")
+    r.add_argument("--output", metavar="FILE.npz", help="write the outputs (of the first backend) to an .npz")
+    r.add_argument("--no-compare", action="store_true", help="do not run ONNX Runtime")
+    _feed_args(r)
+    _tolerance_args(r)
+    r.set_defaults(func=run)
+    d = command("demo", "run a real model on every backend next to ONNX Runtime")
     d.add_argument("--model", action="append", help="an ONNX file, repeatable (default: SqueezeNet from the onnx "
                                                     "package, whose weights are all one constant)")
     d.add_argument("--repeat", type=int, default=10)
-    r = sub.add_parser("run", help="run an ONNX model on random inputs, compare with ONNX Runtime, time it")
-    r.add_argument("model")
-    r.add_argument("--backend", default="all", help="cpu, wgpu or all (default)")
-    r.add_argument("--batch", type=int, default=1, help="value for symbolic dims")
-    r.add_argument("--repeat", type=int, default=10)
-    sub.add_parser("backends", help="list the backends usable here")
-    args = p.parse_args(argv)
-    if args.cmd == "demo":
-        return demo(args)
-    if args.cmd == "run":
-        backends = ember.available_backends() if args.backend == "all" else [args.backend]
-        return run_model(args.model, backends, args.repeat, args.batch)
+    d.set_defaults(func=demo)
+    b = command("backends", "list the backends usable here")
+    b.set_defaults(func=list_backends)
+    return p
+
+
+def list_backends(args: argparse.Namespace) -> int:
     for name in ember.available_backends():
         be = ember.backend(name)
         extra = f": {be.adapter_name}" if name == "wgpu" else ""
         print(f"{name}{extra}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:  # --help, --version (0) and bad usage (2): argparse has printed what to
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else USAGE)
+    debug = getattr(args, "debug", False)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        error_line("interrupted")
+        return 130
+    except BrokenPipeError:  # `ember info m.onnx | head`: stop quietly (Python flushes stdout again at exit)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+        err = describe_error(e, at_load=False)
+        error_line(str(err))
+        return err.code if err.code else RUNTIME
 
 
 if __name__ == "__main__":
