@@ -6,9 +6,9 @@ flat KV cache (tests/models/decoders.py), decoded greedily a token a step from a
 
 Columns per engine: ms per step over the loop (each step a new past length, as in a real decode), tokens/s, and
 for ember the ms of a step whose plan exists already (the same length run again: the replay alone, what a
-shape-polymorphic plan would cost per step), the GPU time of that replay (wgpu) and the plans it built. ember keeps the cache on the device
-(`keep_on_device=True`, presents fed back as pasts); torch runs the transformers model eagerly on CUDA with a
-DynamicCache; ort-cpu is ONNX Runtime's CPU provider on the same export.
+shape-polymorphic plan would cost per step), the GPU time of that replay (wgpu) and the plans it built. ember
+keeps the cache on the device (`keep_on_device=True`, presents fed back as pasts); torch runs the transformers
+model eagerly on CUDA with a DynamicCache; ort-cpu is ONNX Runtime's CPU provider on the same export.
 """
 
 from __future__ import annotations

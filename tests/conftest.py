@@ -17,6 +17,12 @@ os.environ.setdefault("EMBER_AUTOTUNE", "0")
 
 BACKENDS = ember.available_backends()
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fuzz-long", action="store_true",
+                     help="tests/fuzz: the long run (10k model and 10k feed cases per backend)")
+
+
 # Models the tests build are written at IR version 10 unless a test says otherwise: a newer onnx writes its own
 # latest IR (onnx 1.23: 14), which the onnxruntime builds the suite meets may not read yet (the lent GPU
 # machine's: at most 13; onnxruntime 1.18, the oldest allowed, at most 10).

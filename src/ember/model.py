@@ -467,7 +467,7 @@ def load_onnx(model: Any, backend: str | ComputeBackend = "auto", *, external_da
         model = Model(graph, backend, source, **options)
         model.rewrites = rewrites
         return model
-    except (NotImplementedError, ValueError, FileNotFoundError, TypeError):
+    except (NotImplementedError, ValueError, FileNotFoundError, TypeError, MemoryError):  # OutOfMemoryError too
         raise
     except Exception as e:
         raise RuntimeError(f"failed to load model on backend '{name}': {type(e).__name__}: {e}") from e

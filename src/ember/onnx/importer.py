@@ -159,9 +159,12 @@ _PACKED_BITS = {getattr(onnx.TensorProto, name, -1): bits for name, bits in
 def _tensor(t: onnx.TensorProto, what: str, problems: list[str]) -> np.ndarray | None:
     """The tensor's array, or None with the reason in `problems` (ONNX Runtime refuses data that does not fill
     the dims exactly, so ember does too, naming the tensor and both counts)."""
+    if t.data_type == onnx.TensorProto.UNDEFINED or t.data_type not in onnx.TensorProto.DataType.values():
+        problems.append(f"{what}: data_type {t.data_type} is not an ONNX tensor type")
+        return None
     try:
         return numpy_helper.to_array(t)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, KeyError) as e:
         problems.append(f"{what}: {_data_mismatch(t) or f'cannot decode its data: {e}'}")
         return None
 
@@ -202,9 +205,23 @@ def _attr(a: onnx.AttributeProto, what: str, problems: list[str]) -> Any:
     return v
 
 
+def _check_text(g: onnx.GraphProto) -> None:
+    """ValueError naming what holds a string that is not valid UTF-8 (protobuf hands such a string over as bytes,
+    which the ONNX schema look-ups and every name comparison would trip on)."""
+    where = [f"node {i} ({n.op_type!r})" for i, n in enumerate(g.node)
+             if not all(isinstance(x, str) for x in (n.op_type, n.domain, n.name, *n.input, *n.output))]
+    where += [f"graph input/output/initializer {v.name!r}" for v in (*g.input, *g.output, *g.initializer)
+              if not isinstance(v.name, str)]
+    if where:
+        raise ValueError(_listing("names that are not valid UTF-8", where))
+
+
 def to_graph(proto: onnx.ModelProto) -> Graph:
-    opsets = {(o.domain if o.domain != "ai.onnx" else ""): int(o.version) for o in proto.opset_import}
     g = proto.graph
+    _check_text(g)
+    if not all(isinstance(o.domain, str) for o in proto.opset_import):
+        raise ValueError("opset_import: a domain that is not valid UTF-8")
+    opsets = {(o.domain if o.domain != "ai.onnx" else ""): int(o.version) for o in proto.opset_import}
     problems: list[str] = []
     inits: dict[str, Any] = {t.name: _tensor(t, f"initializer {t.name!r}", problems) for t in g.initializer}
     if g.sparse_initializer:

@@ -112,6 +112,8 @@ def _inferred_types(proto: onnx.ModelProto) -> dict[str, str]:
 
 
 def _schema(op_type: str, opset: int, domain: str = "") -> onnx.defs.OpSchema | None:
+    if not isinstance(op_type, str) or not isinstance(domain, str):  # a name that is not valid UTF-8 parses as bytes
+        return None
     try:
         return onnx.defs.get_schema(op_type, opset, domain)
     except onnx.defs.SchemaError:

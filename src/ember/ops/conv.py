@@ -17,13 +17,31 @@ from .shape import reshape_view
 declare_counters("conv.winograd")
 
 
+def check_window(op: Op, r: int, kernel: tuple[int, ...], strides: tuple[int, ...],
+                 dilations: tuple[int, ...]) -> None:
+    """ValueError unless kernel_shape, strides and dilations have one entry per spatial axis, kernel dims and
+    dilations >= 1 and strides >= 1 (a wrong-length or zero attribute would otherwise index past a list or
+    divide by zero)."""
+    for name, values, low in (("kernel_shape", kernel, 1), ("strides", strides, 1), ("dilations", dilations, 1)):
+        if len(values) != r:
+            raise ValueError(f"{op.node.describe()}: {name} {list(values)} needs {r} value(s), one per spatial axis")
+        if any(v < low for v in values):
+            raise ValueError(f"{op.node.describe()}: {name} {list(values)} must be >= {low}")
+
+
 def spatial_pads(op: Op, in_sizes: tuple[int, ...], kernel: tuple[int, ...], strides: tuple[int, ...],
                  dilations: tuple[int, ...]) -> list[int]:
-    """ONNX pads [begin..., end...] from `pads` or `auto_pad`."""
+    """ONNX pads [begin..., end...] from `pads` or `auto_pad`; ValueError for a bad window (check_window) or pads
+    that are not 2 * rank values >= 0."""
     r = len(in_sizes)
+    check_window(op, r, kernel, strides, dilations)
     mode = op.attr.get("auto_pad", "NOTSET")
     if mode in ("NOTSET", "", None):
-        return list(op.attr.get("pads") or [0] * (2 * r))
+        pads = list(op.attr.get("pads") or [0] * (2 * r))
+        if len(pads) != 2 * r or min(pads) < 0:
+            raise ValueError(f"{op.node.describe()}: pads {pads} must be {2 * r} values >= 0 (begin and end per "
+                             f"spatial axis)")
+        return pads
     if mode == "VALID":
         return [0] * (2 * r)
     begin, end = [], []
@@ -64,6 +82,8 @@ class Conv(Op):
         if min(out_sp) <= 0:
             raise ValueError(f"{self.node.describe()}: kernel {kernel} larger than the padded input {x.shape}")
         out_shape = (x.shape[0], w.shape[0], *out_sp)
+        if math.prod(out_shape) == 0:  # an empty batch (or no filters): nothing to compute, no kernel to record
+            return [ctx.new(x.dtype, out_shape)]
         if r == 1:
             strides, dil, kernel = (1, *strides), (1, *dil), (1, *kernel)
             pads = [0, pads[0], 0, pads[1]]

@@ -102,6 +102,8 @@ class GlobalPool(Op):
     attrs = {"p": 2}
 
     def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
+        if x.rank < 2:
+            raise ValueError(f"{self.node.describe()}: input {x.shape} needs rank >= 2 (N, C, spatial...)")
         flat = reshape_view(ctx, x, x.shape[:2] + (math.prod(x.shape[2:]),))
         out = reduce_axes(ctx, self.fn, flat, [2])
         return [reshape_view(ctx, out, x.shape[:2] + (1,) * (x.rank - 2))]

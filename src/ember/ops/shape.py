@@ -151,7 +151,8 @@ def slice_view(ctx: Context, x: Tensor, axis: int, start: int, stop: int, step: 
     v = ctx.view(x)
     strides = list(v.strides)
     offset = v.offset + (idx.start * strides[axis] if len(idx) else 0)
-    strides[axis] *= step
+    # A step past the dim takes one element (or none): its stride would only overflow a backend's int64 view.
+    strides[axis] *= step if len(idx) > 1 else 1
     return Tensor(x.dtype, tuple(shape), view=View(v.handle, x.dtype, tuple(shape), tuple(strides), offset))
 
 

@@ -17,7 +17,9 @@ def record_gather(dv: np.ndarray, iv: np.ndarray, axis: int, dst: np.ndarray) ->
     def step() -> None:
         idx = np.where(iv < 0, iv + dim, iv)
         if idx.size and (idx.min() < 0 or idx.max() >= dim):
-            raise IndexError(f"Gather: index out of range for axis of size {dim}")
+            bad = iv[(idx < 0) | (idx >= dim)].ravel()[0]  # as fed, before negatives were wrapped
+            raise ValueError(f"Gather: index {int(bad)} is out of range for an axis of size {dim} "
+                             f"(valid: {-dim} ... {dim - 1})")
         dst[...] = np.take(dv, idx, axis=axis)
 
     return [step]
