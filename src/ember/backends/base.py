@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,6 +50,8 @@ class ComputeBackend(ABC):
         self._initialized = False
         self._sizes: dict[int, int] = {}  # handle -> nbytes asked for
         self._next_handle = 1
+        # Models on one backend may plan and run in several threads: handles and the allocation table change under it.
+        self._memory_lock = threading.RLock()
         self.lost: str | None = None  # why the device is gone (device_lost), None while it works
 
     def device_lost(self, error: BaseException) -> bool:
@@ -80,20 +83,22 @@ class ComputeBackend(ABC):
         it (a run's output copy), so a backend may hand out recycled memory uncleared."""
         self._require_init()
         nbytes = check_dim(nbytes, "nbytes")
-        handle = self._next_handle
-        if overwritten:
-            self._device_alloc_recycled(handle, nbytes)
-        else:
-            self._device_alloc(handle, nbytes)
-        self._next_handle += 1
-        self._sizes[handle] = nbytes
+        with self._memory_lock:
+            handle = self._next_handle
+            if overwritten:
+                self._device_alloc_recycled(handle, nbytes)
+            else:
+                self._device_alloc(handle, nbytes)
+            self._next_handle += 1
+            self._sizes[handle] = nbytes
         return handle
 
     def free(self, handle: int) -> None:
         self._require_init()
-        self.nbytes(handle, "handle")
-        del self._sizes[handle]
-        self._device_free(handle)
+        with self._memory_lock:
+            self.nbytes(handle, "handle")
+            del self._sizes[handle]
+            self._device_free(handle)
 
     def memory_info(self) -> dict[str, int]:
         """Live allocations on this backend and the bytes they were asked for."""

@@ -4,9 +4,8 @@ The device side lives here: memory, the pipeline cache, dispatch recording, enco
 profiling. The kernels live in their own modules, which register their record functions in program.KERNELS;
 the ComputeBackend methods at the bottom look them up there (this module imports no kernel module).
 
-Kernels are specialised by baking shapes into the WGSL text (a plan is per input-shape signature, so each
-shape compiles once); pipelines are cached by (kernel, specialisation), so replaying the same shapes
-creates no new pipelines (`pipelines_created` counts them).
+Kernels are specialised by baking shapes into the WGSL text (a plan per input-shape signature); pipelines are
+cached by that text, so replaying the same shapes creates no new pipelines (`pipelines_created` counts them).
 """
 
 from __future__ import annotations
@@ -250,10 +249,11 @@ class WgpuBackend(ComputeBackend):
         """A compute pipeline for WGSL `source` (entry point `main`), built once and cached."""
         trusted = trusted and not self.checked
         key = (source, trusted)  # looked up before the f16 scan below, which costs more than the lookup
-        p = self._pipelines.get(key)
-        if p is not None:
-            self._pipelines.move_to_end(key)
-            return p
+        with self._memory_lock:  # plans of several threads share the cache
+            p = self._pipelines.get(key)
+            if p is not None:
+                self._pipelines.move_to_end(key)
+                return p
         if USES_F16.search(source) and not source.lstrip().startswith("enable f16;"):
             if "shader-f16" not in self.features:
                 raise NotImplementedError(f"wgpu: kernel {label!r} stores float16, but this adapter "
@@ -262,12 +262,13 @@ class WgpuBackend(ComputeBackend):
         module = dev.create_shader_module(self.device, source, label, trusted)
         p = self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"},
                                                 label=label)
-        self._pipelines[key] = p
-        self.pipelines_created += 1
-        bound = settings.PIPELINE_CACHE.get()
-        while len(self._pipelines) > bound:
-            self._pipelines.popitem(last=False)
-            self.pipelines_evicted += 1
+        with self._memory_lock:
+            self._pipelines[key] = p
+            self.pipelines_created += 1
+            bound = settings.PIPELINE_CACHE.get()
+            while len(self._pipelines) > bound:
+                self._pipelines.popitem(last=False)
+                self.pipelines_evicted += 1
         return p
 
     def dispatch(self, pipeline: Any, buffers: list[Any] | dict[int, Any], grid: tuple[int, int, int],
