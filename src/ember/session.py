@@ -19,6 +19,7 @@ from onnx import numpy_helper
 from .backends import ComputeBackend, available_backends
 from .device_array import DeviceArray
 from .model import PRECISIONS, Model, check_f16, check_plan_cache_bytes, load_onnx, shared_backend
+from .onnx.importer import read_proto
 from .session_io import IOBinding, OrtValue
 from .session_types import (
     ALL_PROVIDERS,
@@ -83,34 +84,18 @@ def _reraise(e: BaseException, cls: type[BaseException], source: str = "") -> Ba
 
 def _read_model(path_or_bytes: Any) -> tuple[onnx.ModelProto, Path | None, str]:
     """The ModelProto (external data not read: load_onnx reads it), the folder its external data lives in, and
-    what it is for messages."""
+    what it is for messages; the importer's errors as ORT's classes."""
     if isinstance(path_or_bytes, onnx.ModelProto):  # ember takes a ModelProto as well; ORT only paths and bytes
         return path_or_bytes, None, "the given ModelProto"
-    if isinstance(path_or_bytes, (str, os.PathLike)):
-        path = Path(path_or_bytes)
-        if not path.exists():
-            raise NoSuchFile(f"ONNX model file not found: {path}")
-        if path.is_dir():
-            raise InvalidProtobuf(f"{path} is a directory, not an ONNX model file")
-        try:
-            proto = onnx.load(str(path), load_external_data=False)
-        except Exception as e:
-            note = " (ORT-format .ort models are not supported: use the .onnx model)" if path.suffix == ".ort" else ""
-            raise InvalidProtobuf(f"cannot read model file {path}: {type(e).__name__}: {e}{note}") from None
-        source, folder = f"model file {path}", path.parent
-    elif isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
-        try:
-            proto = onnx.load_from_string(bytes(path_or_bytes))
-        except Exception as e:
-            raise InvalidProtobuf(f"cannot parse {len(path_or_bytes)} bytes of model data as an ONNX model: "
-                                  f"{e}") from None
-        source, folder = f"{len(path_or_bytes)} bytes of model data", None
-    else:
+    if not isinstance(path_or_bytes, (str, os.PathLike, bytes, bytearray, memoryview)):
         raise TypeError(f"Unable to load from type '{type(path_or_bytes)}': expected a file path or the bytes of an "
                         "ONNX model")
-    # Protobuf parses many garbage byte strings as an empty message.
-    if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
-        raise InvalidProtobuf(f"{source} is not a valid ONNX model (no graph found)")
+    try:
+        proto, source, folder = read_proto(path_or_bytes)
+    except FileNotFoundError as e:
+        raise _reraise(e, NoSuchFile) from None
+    except ValueError as e:
+        raise _reraise(e, InvalidProtobuf) from None
     return proto, folder, source
 
 

@@ -22,6 +22,14 @@ def read_model(model: Any, external_data_dir: str | os.PathLike | None = None) -
     folder = _check_dir(external_data_dir)
     if isinstance(model, onnx.ModelProto):
         return _with_external_data(model, "the given ModelProto", folder, copy=True), "the given ModelProto"
+    proto, source, own_folder = read_proto(model)
+    return _with_external_data(proto, source, folder or own_folder), source
+
+
+def read_proto(model: Any) -> tuple[onnx.ModelProto, str, Path | None]:
+    """The ModelProto in a model file or bytes, its external data not read yet; a description of where it came
+    from; the model file's folder (None for bytes). FileNotFoundError for a missing file, ValueError for anything
+    that is no ONNX model, TypeError for what is neither a path nor bytes."""
     if isinstance(model, (bytes, bytearray, memoryview)):
         source = f"{len(model)} bytes of model data"
         try:
@@ -29,7 +37,7 @@ def read_model(model: Any, external_data_dir: str | os.PathLike | None = None) -
         except Exception as e:
             raise ValueError(f"cannot parse {source} as an ONNX model: {e}") from e
         _check_nonempty(proto, source)
-        return _with_external_data(proto, source, folder), source
+        return proto, source, None
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.exists():
@@ -38,11 +46,12 @@ def read_model(model: Any, external_data_dir: str | os.PathLike | None = None) -
             raise ValueError(f"{path} is a directory, not an ONNX model file")
         source = f"model file {path}"
         try:
-            proto = onnx.load(str(path), load_external_data=False)  # read below, with errors naming the tensor
+            proto = onnx.load(str(path), load_external_data=False)  # read later, with errors naming the tensor
         except Exception as e:
-            raise ValueError(f"cannot read {source}: {type(e).__name__}: {e}") from e
+            note = " (ORT-format .ort models are not supported: use the .onnx model)" if path.suffix == ".ort" else ""
+            raise ValueError(f"cannot read {source}: {type(e).__name__}: {e}{note}") from e
         _check_nonempty(proto, source)
-        return _with_external_data(proto, source, folder or path.parent), source
+        return proto, source, path.parent
     raise TypeError(f"model must be a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
 
 
