@@ -12,17 +12,11 @@ import pytest
 import ember
 
 from . import encoders
+from .memory import rss_mb
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
 
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def _lengths(n: int) -> list[int]:
@@ -48,7 +42,7 @@ def test_200_sequence_lengths_keep_plans_bounded_and_memory_flat_on_cpu() -> Non
             np.testing.assert_allclose(got, sess.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
         if i % 50 == 49:
             gc.collect()
-            rss.append(_rss_mb())
+            rss.append(rss_mb())
         info = model.cache_info()
         assert info["bytes"] <= limit or info["plans"] == 1, info
         held = max(held, info["bytes"])

@@ -13,18 +13,12 @@ import ember
 
 from ..unit.test_plan_cache import Reference, conv3x3, mlp
 from . import encoders
+from .memory import rss_mb
 
 ort = pytest.importorskip("onnxruntime")
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def test_soak_alternating_shapes_keeps_memory_flat(backend_name: str) -> None:
@@ -45,7 +39,7 @@ def test_soak_alternating_shapes_keeps_memory_flat(backend_name: str) -> None:
             np.testing.assert_allclose(got, want[b], **TOL, err_msg=f"run {i}")
         if i in (1000, runs - 1):
             gc.collect()
-            marks.append((_rss_mb(), be.memory_info()["bytes"]))
+            marks.append((rss_mb(), be.memory_info()["bytes"]))
     (rss0, dev0), (rss1, dev1) = marks
     assert rss1 - rss0 < 2, f"RSS grew {rss1 - rss0:.1f} MB over {runs - 1000} runs"
     assert dev1 == dev0
