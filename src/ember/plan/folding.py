@@ -60,35 +60,22 @@ class FoldCache:
         self.max_input_bytes = max_input_bytes
         self._entries: OrderedDict[tuple, list[tuple[Any, tuple[int, ...], np.ndarray] | None]] = OrderedDict()
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
 
     def fold(self, node: Any, op: Op, inputs: list[Tensor | None]) -> list[Tensor | None]:
         key = self._key(node, inputs)
-        if key is not None:
+        if key is None:
+            return fold(op, inputs)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+        if entry is None:
+            entry = [None if t is None else (t.dtype, t.shape, _frozen(t.value)) for t in fold(op, inputs)]
             with self._lock:
-                hit = self._entries.get(key)
-                if hit is not None:
-                    self._entries.move_to_end(key)
-                    self.hits += 1
-            if hit is not None:
-                return [None if e is None else Tensor(e[0], e[1], value=e[2]) for e in hit]
-        outs = fold(op, inputs)
-        if key is not None:
-            entry = []
-            for t in outs:
-                if t is None:
-                    entry.append(None)
-                    continue
-                value = np.asarray(t.value)
-                value.flags.writeable = False
-                entry.append((t.dtype, t.shape, value))
-            with self._lock:
-                self.misses += 1
                 self._entries[key] = entry
                 while len(self._entries) > self.max_entries:
                     self._entries.popitem(last=False)
-            return [None if e is None else Tensor(e[0], e[1], value=e[2]) for e in entry]
-        return outs
+        return [None if e is None else Tensor(e[0], e[1], value=e[2]) for e in entry]
 
     def _key(self, node: Any, inputs: list[Tensor | None]) -> tuple | None:
         parts: list[Any] = [id(node)]
@@ -103,3 +90,10 @@ class FoldCache:
                 return None
             parts.append((value.dtype.str, value.shape, value.tobytes()))
         return tuple(parts)
+
+
+def _frozen(value: Any) -> np.ndarray:
+    """A fold's value as the cache keeps it: shared by every plan, so read-only."""
+    value = np.asarray(value)
+    value.flags.writeable = False
+    return value
