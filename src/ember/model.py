@@ -350,9 +350,12 @@ class Model:
     @contextlib.contextmanager
     def _device_errors(self) -> Any:
         """Errors that mean the device is gone become one DeviceLostError naming the backend."""
+        def lost() -> DeviceLostError:
+            return DeviceLostError(f"{self._be.name} backend: the device was lost ({self._be.lost}); call "
+                                   "model.reload() or load the model again")
+
         if self._be.lost is not None:
-            raise DeviceLostError(f"{self._be.name} backend: the device was lost ({self._be.lost}); call "
-                                  "model.reload() or load the model again")
+            raise lost()
         try:
             yield
         except DeviceLostError:
@@ -360,8 +363,7 @@ class Model:
         except Exception as e:
             if not self._be.device_lost(e):
                 raise
-            raise DeviceLostError(f"{self._be.name} backend: the device was lost ({self._be.lost}); call "
-                                  "model.reload() or load the model again") from e
+            raise lost() from e
 
     def reload(self) -> None:
         """Move the model onto a working device after a DeviceLostError: a new backend of the same name and options
