@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import onnx.defs
 
 from ..ir import Graph, Node
+from .validate_schema import schema_of
 
 _OPTIONAL = onnx.defs.OpSchema.FormalParameterOption.Optional
 _VARIADIC = onnx.defs.OpSchema.FormalParameterOption.Variadic
@@ -44,9 +45,8 @@ def check_structure(graph: Graph, schema_problems: Sequence[str] = ()) -> None:
 def _arity_problems(node: Node) -> list[str]:
     if node.domain not in ("", "ai.onnx"):
         return []  # contrib and ember domains: the op's own implementation checks its inputs
-    try:
-        schema = onnx.defs.get_schema(node.op_type, node.opset, node.domain)
-    except onnx.defs.SchemaError:
+    schema = schema_of(node.op_type, node.opset, node.domain)
+    if schema is None:
         return []  # not an ONNX op at this opset: check_supported reports it
     problems = []
     given = len(node.inputs)

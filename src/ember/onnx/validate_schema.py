@@ -32,7 +32,7 @@ def schema_problems(graph: Graph, proto: onnx.ModelProto) -> list[str]:
     for node, pnode in zip(graph.nodes, proto.graph.node, strict=True):
         if pnode.domain not in _DEFAULT_DOMAINS:
             continue  # contrib and ember domains: the op's own implementation checks its inputs
-        schema = _schema(node.op_type, node.opset, node.domain)
+        schema = schema_of(node.op_type, node.opset, node.domain)
         if schema is None:
             continue  # not an ONNX op at this opset: check_supported reports it
         problems += _attribute_problems(node, pnode, schema)
@@ -101,7 +101,7 @@ def _inferred_types(proto: onnx.ModelProto) -> dict[str, str]:
     light.graph.node.extend(g.node)
     # Outputs of ops ONNX has no schema for keep their declared types, so what reads them can still be checked.
     opset = next((o.version for o in proto.opset_import if o.domain in _DEFAULT_DOMAINS), 1)
-    foreign = {o for n in g.node if n.domain not in _DEFAULT_DOMAINS or _schema(n.op_type, opset) is None
+    foreign = {o for n in g.node if n.domain not in _DEFAULT_DOMAINS or schema_of(n.op_type, opset) is None
                for o in n.output}
     light.graph.value_info.extend(vi for vi in g.value_info if vi.name in foreign)
     try:
@@ -111,7 +111,8 @@ def _inferred_types(proto: onnx.ModelProto) -> dict[str, str]:
     return {vi.name: t for vi in _value_infos(result.graph) if (t := _type_str(vi.type))}
 
 
-def _schema(op_type: str, opset: int, domain: str = "") -> onnx.defs.OpSchema | None:
+def schema_of(op_type: str, opset: int, domain: str = "") -> onnx.defs.OpSchema | None:
+    """The ONNX schema of an op at an opset, None for an op ONNX does not define there."""
     if not isinstance(op_type, str) or not isinstance(domain, str):  # a name that is not valid UTF-8 parses as bytes
         return None
     try:
