@@ -21,8 +21,9 @@ ORDER = ["result", "ValueError", "NotImplementedError", "FileNotFoundError", "Ou
          "TypeError", "skipped"]
 
 
-def reproducer(recipe: dict[str, Any], backend: str) -> str:
-    return f"{sys.executable} -m tests.fuzz.worker {backend} --recipe '{json.dumps(recipe)}'"
+def reproducer(recipe: dict[str, Any], backend: str, settings: dict[str, str] | None = None) -> str:
+    prefix = "".join(f"{k}={v} " for k, v in (settings or {}).items())
+    return f"{prefix}{sys.executable} -m tests.fuzz.worker {backend} --recipe '{json.dumps(recipe)}'"
 
 
 def _reader(stream: Any, out: queue.Queue) -> None:
@@ -35,10 +36,12 @@ def _reader(stream: Any, out: queue.Queue) -> None:
     out.put(None)
 
 
-def run_batch(recipes: list[dict[str, Any]], backend: str,
-              case_timeout: float = CASE_TIMEOUT_S) -> list[dict[str, Any]]:
-    """One outcome dict per recipe: {"outcome", "ok", "msg"?, "where"?, "tb"?}; a crash or a hang is an outcome
-    "crash" / "hang" with ok False and the worker's stderr tail (faulthandler's stacks) as "tb"."""
+def run_batch(recipes: list[dict[str, Any]], backend: str, case_timeout: float = CASE_TIMEOUT_S,
+              settings: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """One outcome dict per recipe: {"outcome", "ok", "msg"?, "where"?, "tb"?, "out"? (worker.signature)}; a
+    crash or a hang is an outcome "crash" / "hang" with ok False and the worker's stderr tail (faulthandler's
+    stacks) as "tb". `settings`: EMBER_* variables the workers run with (EMBER_CHECKED_SHADERS=1, say)."""
+    env = {**os.environ, **(settings or {})}
     results: list[dict[str, Any] | None] = [None] * len(recipes)
     start = 0
     while start < len(recipes):
@@ -49,7 +52,7 @@ def run_batch(recipes: list[dict[str, Any]], backend: str,
             err_path = os.path.join(tmp, "stderr.txt")
             with open(err_path, "w") as err:
                 proc = subprocess.Popen([sys.executable, "-m", "tests.fuzz.worker", backend, path], cwd=ROOT,
-                                        stdout=subprocess.PIPE, stderr=err, text=True)
+                                        stdout=subprocess.PIPE, stderr=err, text=True, env=env)
                 lines: queue.Queue = queue.Queue()
                 threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True).start()
                 hung = False
@@ -100,3 +103,42 @@ def failure_report(recipes: list[dict[str, Any]], results: list[dict[str, Any]],
         if len(out) >= limit:
             break
     return "\n".join(out)
+
+
+def _same_values(a: list[float], b: list[float], rtol: float, atol: float) -> bool:
+    import numpy as np
+
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return x.shape == y.shape and bool(np.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True))
+
+
+def differences(recipes: list[dict[str, Any]], first: list[dict[str, Any]], second: list[dict[str, Any]],
+                backend: str, settings: dict[str, str], limit: int = 10, rtol: float = 1e-5,
+                atol: float = 1e-6) -> tuple[int, str]:
+    """(number of cases whose outcome or outputs differ between two runs of the same recipes, a report of the
+    first `limit` with the reproducer of the second mode). Outcomes compare by name, results by each output's
+    dtype, shape and values."""
+    n, out = 0, []
+    for recipe, a, b in zip(recipes, first, second, strict=True):
+        why = ""
+        if a["outcome"] != b["outcome"]:
+            why = f"outcome {a['outcome']} ({a.get('msg', '')}) vs {b['outcome']} ({b.get('msg', '')})"
+        elif a["outcome"] == "result":
+            sa, sb = a["out"], b["out"]
+            for name in sorted(set(sa) | set(sb)):
+                oa, ob = sa.get(name), sb.get(name)
+                if oa is None or ob is None or oa["dtype"] != ob["dtype"] or oa["shape"] != ob["shape"]:
+                    def desc(o: dict[str, Any] | None) -> str:
+                        return "missing" if o is None else f"{o['dtype']} {o['shape']}"
+
+                    why = f"output {name!r}: dtype and shape {desc(oa)} vs {desc(ob)}"
+                elif not _same_values(oa["values"], ob["values"], rtol, atol):
+                    why = f"output {name!r}: values differ"
+                if why:
+                    break
+        if why:
+            n += 1
+            if len(out) < limit:
+                out.append(f"--- {why}\n    recipe: {json.dumps(recipe)}\n    reproduce: "
+                           f"{reproducer(recipe, backend, settings)}")
+    return n, "\n".join(out)

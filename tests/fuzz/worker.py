@@ -101,14 +101,14 @@ def run_case(recipe: dict[str, Any], backend: str) -> dict[str, Any]:
             if recipe["kind"] == "model":
                 data = _harness(build_model, recipe)
                 model = ember.load_onnx(data, backend=backend)
-                model.run(_harness(valid_feeds, model.inputs, rng))
+                out = model.run(_harness(valid_feeds, model.inputs, rng))
             else:
                 key = (recipe["model"], backend)
                 if key not in _models:
                     _models[key] = ember.load_onnx(SEEDS[recipe["model"]]().SerializeToString(), backend=backend)
                 model = _models[key]
                 feeds = _harness(mutate_feeds, _harness(valid_feeds, model.inputs, rng), recipe["muts"], rng)
-                model.run(feeds)
+                out = model.run(feeds)
     except SkipCase as e:
         return {"outcome": "skipped", "ok": True, "msg": str(e)[:400]}
     except Exception as e:  # classify() judges it
@@ -117,7 +117,29 @@ def run_case(recipe: dict[str, Any], backend: str) -> dict[str, Any]:
             outcome, ok = f"known:{name}", True
         return {"outcome": outcome, "ok": ok, "msg": f"{type(e).__name__}: {e}"[:400], "where": _origin(e),
                 "tb": "" if ok else traceback.format_exc()[-3000:]}
-    return {"outcome": "result", "ok": True}
+    # Which shader modules ran (wgpu: checked or trusted), so a comparison of the two modes can prove its arms.
+    mode = getattr(model.compute_backend, "checked", None)
+    return {"outcome": "result", "ok": True, "out": signature(out), "checked": mode}
+
+
+SIGNATURE_VALUES = 4096  # outputs up to this many elements are kept whole; larger ones as a few statistics
+
+
+def signature(outputs: dict[str, np.ndarray]) -> dict[str, Any]:
+    """What a run returned, small enough for one JSON line, for comparing the same case in two modes (trusted
+    and checked shader modules): per output its dtype, shape and values (or statistics of a large one)."""
+    sig = {}
+    for name, value in outputs.items():
+        a = np.asarray(value)
+        flat = a.astype(np.float64).ravel()
+        if a.size <= SIGNATURE_VALUES:
+            values = flat.tolist()
+        else:
+            finite = flat[np.isfinite(flat)]
+            values = [float(finite.sum()), float(np.abs(finite).sum()), float(np.isnan(flat).sum()),
+                      float(np.isinf(flat).sum())]
+        sig[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "values": values}
+    return sig
 
 
 def main(argv: list[str]) -> int:

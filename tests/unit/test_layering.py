@@ -8,7 +8,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "ember"
 # What an op may use of its backend: the recording primitives, kernel selection, and the plan's memory calls.
-BACKEND_MEMORY = {"alloc", "upload", "nbytes", "storage_itemsize"}
+BACKEND_MEMORY = {"alloc", "upload", "nbytes", "storage_itemsize", "max_elements"}  # buffers and their limits
 
 
 def test_no_environment_read_outside_the_settings_module() -> None:

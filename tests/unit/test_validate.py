@@ -285,3 +285,39 @@ def test_dim_value_minus_one_is_symbolic() -> None:
         assert_runs_as_ort(m, {"x": np.linspace(-1, 1, 3 * batch, dtype=np.float32).reshape(batch, 3)})
     with pytest.raises(ValueError, match=r"'x': dim 1 must be 3, got 4"):  # ORT refuses this feed too
         ember.load_onnx(m, backend="cpu").run({"x": np.ones((2, 4), np.float32)})
+
+
+@pytest.mark.skipif("wgpu" not in ember.available_backends(), reason="no wgpu adapter")
+@pytest.mark.parametrize("reader", ["ReduceSum", "Relu"])
+def test_a_tensor_past_32_bit_indexing_is_refused_at_load(reader: str) -> None:
+    """2**32 elements: an Expand a reduction reads lazily (no buffer of its own) or one materialised. wgpu's
+    kernels index with 32-bit integers, so such a tensor is a ValueError at load naming the node, never a
+    kernel whose indices wrap."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    shape = numpy_helper.from_array(np.array([1 << 16, 1 << 14, 4], dtype=np.int64), "shape")
+    nodes = [helper.make_node("Expand", ["x", "shape"], ["big"], name="expand"),
+             helper.make_node(reader, ["big"], ["y"], name="reader")]
+    graph = helper.make_graph(nodes, "g", [x], [Y], [shape])
+    bad = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    with pytest.raises(ValueError, match=r"expand \(Expand\): output 'big' of shape \(65536, 16384, 4\) has "
+                                         r"4294967296 elements; the wgpu backend's kernels index with 32-bit"):
+        ember.load_onnx(bad, backend="wgpu")
+
+
+@pytest.mark.parametrize("op, b_shape, says", [("Add", [3, 5], "Incompatible dimensions"),
+                                               ("MatMul", [5, 3], "Incompatible dimensions for matrix")])
+def test_shapes_that_contradict_the_op_are_refused_at_load(op: str, b_shape: list[int], says: str) -> None:
+    """x is [batch, 4] (symbolic: no plan at load), so only shape inference can see that the op cannot take
+    these inputs; ONNX Runtime refuses such a model at load too."""
+    b = numpy_helper.from_array(np.ones(b_shape, np.float32), "b")
+    bad = model([helper.make_node(op, ["x", "b"], ["y"], name="n")], inits=[b])
+    with pytest.raises(ValueError, match=rf"{op} \(node 'n'\): shape inference: {says}"):
+        ember.load_onnx(bad, backend="cpu")
+
+
+def test_dim_minus_one_is_no_size_to_shape_inference() -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 4])
+    b = numpy_helper.from_array(np.ones([3, 4], np.float32), "b")
+    graph = helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "g", [x], [Y], [b])
+    m = ember.load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), backend="cpu")
+    np.testing.assert_array_equal(m.run({"x": np.zeros((3, 4), np.float32)})["y"], np.ones((3, 4), np.float32))

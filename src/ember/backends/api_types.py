@@ -12,6 +12,8 @@ import numpy as np
 
 
 class ReduceOp(enum.Enum):
+    """The reductions of ComputeBackend.reduce."""
+
     SUM = "sum"
     MAX = "max"
     MIN = "min"
@@ -19,6 +21,8 @@ class ReduceOp(enum.Enum):
 
 
 class UnaryOp(enum.Enum):
+    """The elementwise functions of ComputeBackend.unary."""
+
     RELU = "relu"
     SIGMOID = "sigmoid"
     TANH = "tanh"
@@ -38,6 +42,8 @@ class UnaryOp(enum.Enum):
 
 
 class BinaryOp(enum.Enum):
+    """The elementwise operations of ComputeBackend.binary."""
+
     ADD = "add"
     SUB = "sub"
     MUL = "mul"

@@ -45,6 +45,9 @@ class ComputeBackend(ABC):
     """Device memory behind opaque integer handles, and float32 compute ops over it."""
 
     name: str = "?"
+    # The most elements a tensor may have on this backend (its kernels index with 32-bit integers); None: no
+    # limit but memory. Planning checks every buffer against it, so an oversized tensor is a ValueError at load.
+    max_elements: int | None = None
 
     def __init__(self) -> None:
         self._initialized = False
@@ -61,12 +64,14 @@ class ComputeBackend(ABC):
 
     # ---- life cycle -------------------------------------------------------------------------------
     def init(self) -> ComputeBackend:
+        """Open the device (once; later calls do nothing) and return the backend, so `backend("wgpu").init()` chains."""
         if not self._initialized:
             self._init_device()
             self._initialized = True
         return self
 
     def is_initialized(self) -> bool:
+        """Whether init() has opened the device."""
         return self._initialized
 
     def _require_init(self) -> None:
@@ -94,6 +99,7 @@ class ComputeBackend(ABC):
         return handle
 
     def free(self, handle: int) -> None:
+        """Release an allocation; ValueError for a handle that is not live."""
         self._require_init()
         with self._memory_lock:
             self.nbytes(handle, "handle")
@@ -123,6 +129,7 @@ class ComputeBackend(ABC):
             )
 
     def copy_htod(self, dst_handle: int, src: Any) -> None:
+        """Copy a host array or bytes-like object into the start of an allocation (it must fit)."""
         self._require_init()
         size = self.nbytes(dst_handle, "dst_handle")
         data = memoryview(np.ascontiguousarray(src) if isinstance(src, np.ndarray) else src).cast("B")
@@ -131,6 +138,7 @@ class ComputeBackend(ABC):
         self._device_write(dst_handle, 0, data)
 
     def copy_dtoh(self, dst: Any, src_handle: int) -> None:
+        """Copy the start of an allocation into `dst`, a writable C-contiguous array or buffer, filling it."""
         self._require_init()
         size = self.nbytes(src_handle, "src_handle")
         if isinstance(dst, np.ndarray):
@@ -148,12 +156,15 @@ class ComputeBackend(ABC):
             view[:] = self._device_read(src_handle, 0, view.nbytes)
 
     def synchronize(self) -> None:
+        """Wait until the work submitted so far has finished."""
         self._require_init()
         self._device_synchronize()
 
     # ---- compute ----------------------------------------------------------------------------------
     def gemm(self, trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float, a: int, lda: int,
              b: int, ldb: int, beta: float, c: int, ldc: int) -> None:
+        """C = alpha op(A) op(B) + beta C on float32 row-major matrices (BLAS-style leading dimensions); op
+        transposes where `trans_a` / `trans_b`."""
         self._require_init()
         m, n, k = check_dim(m, "m"), check_dim(n, "n"), check_dim(k, "k")
         a_rows, a_cols = (k, m) if trans_a else (m, k)
@@ -172,6 +183,8 @@ class ComputeBackend(ABC):
     def conv2d_forward(self, input: int, input_shape: Sequence[int], filter: int, filter_shape: Sequence[int],
                        output: int, output_shape: Sequence[int], stride: Any = (1, 1),
                        padding: Any = (0, 0)) -> None:
+        """2-D convolution of float32 NCHW `input` with a KCRS `filter` into NKPQ `output` (shapes checked
+        against stride and padding)."""
         self._require_init()
         n, c, h, w = check_shape(input_shape, "input_shape", 4)
         kk, fc, r, s = check_shape(filter_shape, "filter_shape", 4)
@@ -194,6 +207,8 @@ class ComputeBackend(ABC):
 
     def attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int, seq_kv: int,
                   head_dim: int, scale: float, causal: bool = False) -> None:
+        """o = softmax(scale q kᵀ) v per batch and head over float32 (batch, heads, seq, head_dim) buffers; `causal`
+        masks keys j > i + seq_kv - seq_q (bottom-right aligned)."""
         self._require_init()
         batch, heads = check_dim(batch, "batch"), check_dim(heads, "heads")
         seq_q, seq_kv = check_dim(seq_q, "seq_q"), check_dim(seq_kv, "seq_kv")
@@ -209,6 +224,7 @@ class ComputeBackend(ABC):
                                            bool(causal)))
 
     def reduce(self, op: Any, input: int, output: int, shape: Sequence[int], axis: int) -> None:
+        """Reduce a float32 tensor of `shape` along `axis` with a ReduceOp (or its name: "sum", "max", ...)."""
         self._require_init()
         op = as_enum(ReduceOp, op, "op")
         shape = check_shape(shape, "shape")
@@ -222,6 +238,7 @@ class ComputeBackend(ABC):
         self.execute(self.record_reduce(op, input, output, outer, r, inner))
 
     def unary(self, op: Any, input: int, output: int, n: int) -> None:
+        """Apply a UnaryOp (or its name) to `n` float32 elements."""
         self._require_init()
         op = as_enum(UnaryOp, op, "op")
         n = check_dim(n, "n")
@@ -230,6 +247,7 @@ class ComputeBackend(ABC):
         self.execute(self.record_unary(op, input, output, n))
 
     def binary(self, op: Any, a: int, b: int, output: int, n: int) -> None:
+        """Apply a BinaryOp (or its name) elementwise to `n` float32 elements of `a` and `b`."""
         self._require_init()
         op = as_enum(BinaryOp, op, "op")
         n = check_dim(n, "n")
@@ -288,6 +306,7 @@ class ComputeBackend(ABC):
     # The public ops are special cases of the runtime's general primitives below.
     def record_gemm(self, trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float, a: int,
                     lda: int, b: int, ldb: int, beta: float, c: int, ldc: int) -> list:
+        """gemm()'s steps (arguments already checked), as a matmul over strided Views."""
         f32 = np.dtype(np.float32)
         av = View(a, f32, (1, m, k), (0, 1, lda) if trans_a else (0, lda, 1))
         bv = View(b, f32, (1, k, n), (0, 1, ldb) if trans_b else (0, ldb, 1))
@@ -296,6 +315,7 @@ class ComputeBackend(ABC):
 
     def record_conv2d(self, input: int, input_shape: tuple, filter: int, filter_shape: tuple, output: int,
                       output_shape: tuple, stride: tuple, padding: tuple) -> list:
+        """conv2d_forward()'s steps (arguments already checked), through record_conv."""
         f32 = np.dtype(np.float32)
         return self.record_conv(View.contiguous(input, f32, input_shape), View.contiguous(filter, f32, filter_shape),
                                 None, View.contiguous(output, f32, output_shape), stride,
@@ -303,6 +323,7 @@ class ComputeBackend(ABC):
 
     def record_attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
                          seq_kv: int, head_dim: int, scale: float, causal: bool) -> list:
+        """attention()'s steps (arguments already checked), through record_attention_views."""
         f32 = np.dtype(np.float32)
         qs, kvs = (batch, heads, seq_q, head_dim), (batch, heads, seq_kv, head_dim)
         return self.record_attention_views(View.contiguous(q, f32, qs), View.contiguous(k, f32, kvs),
@@ -310,16 +331,19 @@ class ComputeBackend(ABC):
                                            scale, causal)
 
     def record_reduce(self, op: ReduceOp, input: int, output: int, outer: int, r: int, inner: int) -> list:
+        """reduce()'s steps: the middle axis of (outer, r, inner), through record_reduce_axes."""
         f32 = np.dtype(np.float32)
         x = View(input, f32, (outer, inner, r), (r * inner, 1, inner))
         return self.record_reduce_axes(op.value, x, View.contiguous(output, f32, (outer, inner)), 1)
 
     def record_unary(self, op: UnaryOp, input: int, output: int, n: int) -> list:
+        """unary()'s steps, as a one-call elementwise expression."""
         f32 = np.dtype(np.float32)
         return self.record_elementwise(call(op.value, inp(0)), [View.contiguous(input, f32, (n,))],
                                        View.contiguous(output, f32, (n,)))
 
     def record_binary(self, op: BinaryOp, a: int, b: int, output: int, n: int) -> list:
+        """binary()'s steps, as a one-call elementwise expression."""
         f32 = np.dtype(np.float32)
         return self.record_elementwise(call(op.value, inp(0), inp(1)),
                                        [View.contiguous(a, f32, (n,)), View.contiguous(b, f32, (n,))],

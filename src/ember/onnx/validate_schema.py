@@ -4,14 +4,17 @@ Attributes must be ones the schema names, of the schema's type, with every requi
 type variable must share a type, each one the variable allows, and a node output's declared type (value_info or
 graph output) must be the one ONNX type inference gives it. Types come from the graph inputs, initializers and
 value_info, and for node outputs from ONNX type inference run on a copy of the graph without the weights' data (types
-need none). A value whose type is unknown is not checked, and shape inference's own errors are not reported: strict
-ONNX shape inference refuses models ONNX Runtime runs (an output declared with a shape it does not infer).
+need none). A value whose type is unknown is not checked. Strict shape inference runs on that copy too, and each
+node whose input shapes contradict its op is a problem (ONNX Runtime refuses those at load); the copy leaves out
+the declared shapes of graph outputs and intermediates, which strict inference would hold against models ONNX
+Runtime runs (an output declared with a shape it does not infer).
 
 The checks read the proto, which holds what the IR drops (attribute types, element types ember has no dtype for).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 
 import onnx
@@ -27,8 +30,7 @@ _DEFAULT_DOMAINS = ("", "ai.onnx")
 def schema_problems(graph: Graph, proto: onnx.ModelProto) -> list[str]:
     """Problems with the nodes of `graph`, the IR made from `proto` (node i of each is the same node)."""
     declared = {vi.name: t for vi in _value_infos(proto.graph) if (t := _type_str(vi.type))}
-    inferred = _inferred_types(proto)
-    problems = []
+    inferred, problems = _inferred_types(proto)
     for node, pnode in zip(graph.nodes, proto.graph.node, strict=True):
         if pnode.domain not in _DEFAULT_DOMAINS:
             continue  # contrib and ember domains: the op's own implementation checks its inputs
@@ -90,13 +92,24 @@ def _input_problems(node: Node, schema: onnx.defs.OpSchema, type_of: Callable[[s
     return problems
 
 
-def _inferred_types(proto: onnx.ModelProto) -> dict[str, str]:
-    """Types ONNX type inference gives node outputs, on a copy of the model with no weight data and no declared
-    intermediate types (so a wrong declaration shows as a mismatch instead of being taken as given)."""
+def _inferred_types(proto: onnx.ModelProto) -> tuple[dict[str, str], list[str]]:
+    """Types ONNX shape inference gives node outputs, on a copy of the model with no weight data and no declared
+    intermediate types (so a wrong declaration shows as a mismatch instead of being taken as given); and the
+    nodes whose input shapes contradict their op (an Add of [N, 4] and [3, 5]), which strict inference reports
+    and ONNX Runtime refuses at load."""
     g = proto.graph
     light = onnx.ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import, functions=proto.functions)
     inits = {t.name for t in g.initializer}
-    light.graph.input.extend([vi for vi in g.input if vi.name not in inits] +
+    inputs = [onnx.ValueInfoProto.FromString(vi.SerializeToString()) for vi in g.input if vi.name not in inits]
+    for vi in inputs:  # dim -1 is symbolic to ember and ONNX Runtime, a size of -1 to ONNX's inference
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.ClearField("dim_value")
+    # Every initializer is declared as an input (IR 3 wants both); small ones keep their data too, which shape
+    # arithmetic reads (Reshape targets, an empty Resize scales).
+    small = [t for t in g.initializer if t.data_location != onnx.TensorProto.EXTERNAL and t.ByteSize() <= 4096]
+    light.graph.initializer.extend(small)
+    light.graph.input.extend(inputs +
                              [onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in g.initializer])
     light.graph.node.extend(g.node)
     # Outputs of ops ONNX has no schema for keep their declared types, so what reads them can still be checked.
@@ -104,11 +117,39 @@ def _inferred_types(proto: onnx.ModelProto) -> dict[str, str]:
     foreign = {o for n in g.node if n.domain not in _DEFAULT_DOMAINS or schema_of(n.op_type, opset) is None
                for o in n.output}
     light.graph.value_info.extend(vi for vi in g.value_info if vi.name in foreign)
+    problems: list[str] = []
     try:
-        result = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
+        try:
+            result = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=True)
+        except onnx.shape_inference.InferenceError as e:
+            problems = _inference_problems(str(e))
+            result = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
     except Exception:  # inference itself failed (an opset newer than onnx knows): check what is declared only
-        return {}
-    return {vi.name: t for vi in _value_infos(result.graph) if (t := _type_str(vi.type))}
+        return {}, problems
+    types = {t.name: f"tensor({onnx.TensorProto.DataType.Name(t.data_type).lower()})" for t in small
+             if t.data_type in onnx.TensorProto.DataType.values() and t.data_type != onnx.TensorProto.UNDEFINED}
+    types.update((vi.name, t) for vi in _value_infos(result.graph) if (t := _type_str(vi.type)))
+    return types, problems
+
+
+_INFERENCE_ERROR = re.compile(r"\(op_type:([^,)]*)(?:, node name: ([^)]*))?\): (?:\[(\w+)\] )?([^\n]*)")
+
+
+def _inference_problems(message: str) -> list[str]:
+    """One problem per node in ONNX's strict shape-inference error ("(op_type:Add, node name: add):
+    [ShapeInferenceError] Incompatible dimensions"), the whole message if it names none."""
+    found = []
+    for line in message.split("(op_type:")[1:]:
+        m = _INFERENCE_ERROR.match("(op_type:" + line)
+        if m is None or "Inference error(s)" in m.group(4):
+            # Nested: an error inside an op's function body (onnx expands MeanVarianceNormalization into a Constant
+            # its own strict check refuses), not in the user's graph.
+            return []
+        op, name, _, text = m.groups()
+        if "expected to have type but instead is null" in text:
+            continue  # the node reads an output inference could not type: a consequence, reported at its cause
+        found.append(f"{op} (node {name or ''!r}): shape inference: {text.strip()}")
+    return found
 
 
 def schema_of(op_type: str, opset: int, domain: str = "") -> onnx.defs.OpSchema | None:

@@ -116,6 +116,11 @@ class Context:
     def alloc(self, dtype: Any, shape: Sequence[int], *, pinned: bool = False) -> View:
         """A buffer for a new value; `pinned` ones (inputs, weights) are never reused."""
         dtype = np.dtype(dtype)
+        limit = self.backend.max_elements
+        if limit is not None and math.prod(shape) > limit:
+            raise ValueError(f"{self.node or 'plan'}: a {dtype} tensor of shape {tuple(shape)} has "
+                             f"{math.prod(shape)} elements; this backend's kernels index with 32-bit integers, at "
+                             f"most {limit} elements a tensor")
         nbytes = max(math.prod(shape), 1) * self.backend.storage_itemsize(dtype)
         handle = None
         if not pinned:
@@ -277,6 +282,17 @@ def host_ints(op: Op, t: Tensor | None, what: str) -> list[int] | None:
     if not t.is_const:
         raise op.fail(f"the {what} input must be known when the plan is built (it is computed on the device)")
     return [int(v) for v in np.asarray(t.value).reshape(-1)]
+
+
+MAX_RANK = 64  # numpy's (and so the host side's) limit on dimensions
+
+
+def host_shape(op: Op, t: Tensor | None, what: str = "shape") -> list[int] | None:
+    """host_ints for an input that gives an output's dims (Reshape, Expand, ConstantOfShape): at most MAX_RANK."""
+    dims = host_ints(op, t, what)
+    if dims is not None and len(dims) > MAX_RANK:
+        raise op.fail(f"the {what} input has {len(dims)} dims; at most {MAX_RANK} are supported")
+    return dims
 
 
 REGISTRY: dict[tuple[str, str], list[type[Op]]] = {}

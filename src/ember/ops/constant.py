@@ -8,7 +8,7 @@ import math
 import numpy as np
 from onnx import helper
 
-from .base import Context, Op, Tensor, host_ints, register
+from .base import Context, Op, Tensor, host_shape, register
 
 
 @register("Shape", 1)
@@ -47,7 +47,7 @@ class ConstantOfShape(Op):
     attrs = {"value": None}
 
     def run(self, ctx: Context, shape: Tensor) -> list[Tensor]:
-        dims = host_ints(self, shape, "shape")
+        dims = host_shape(self, shape)
         val = self.attr["value"] if self.attr["value"] is not None else np.zeros(1, np.float32)
         return [ctx.const(np.full(dims, val.reshape(-1)[0], val.dtype))]
 

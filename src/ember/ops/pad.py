@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..core.dtypes import kind_of
 from ..core.expr import Expr, call, const, coord, load
 from ..core.view import View
-from .base import Context, Op, Tensor, host_ints, norm_axis, register
+from .base import Context, Op, Tensor, host_ints, host_shape, norm_axis, register
 from .exprs import all_exprs, int_const, kernel, zero
 from .shape import copy_into, slice_view
 
@@ -76,7 +76,7 @@ class CenterCropPad(Op):
     attrs = {"axes": None}
 
     def run(self, ctx: Context, x: Tensor, shape: Tensor) -> list[Tensor]:
-        want = host_ints(self, shape, "shape")
+        want = host_shape(self, shape)
         axes = [norm_axis(self, a, x.rank) for a in (self.attr["axes"] or range(x.rank))]
         src, before, out_shape = x, [0] * x.rank, list(x.shape)
         for a, s in zip(axes, want, strict=True):

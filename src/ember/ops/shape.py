@@ -12,7 +12,7 @@ import numpy as np
 from ..core.dtypes import kind_of
 from ..core.expr import inp
 from ..core.view import View
-from .base import Context, Op, Tensor, host_ints, norm_axis, register
+from .base import Context, Op, Tensor, host_ints, host_shape, norm_axis, register
 
 
 def reshape_view(ctx: Context, x: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -39,7 +39,7 @@ class Reshape(Op):
     attrs = {"shape": None, "allowzero": 0}
 
     def run(self, ctx: Context, x: Tensor, shape: Tensor | None = None) -> list[Tensor]:
-        want = list(self.attr["shape"]) if shape is None else host_ints(self, shape, "shape")
+        want = list(self.attr["shape"]) if shape is None else host_shape(self, shape)
         out = []
         for i, d in enumerate(want):
             if d == 0 and not self.attr["allowzero"]:
@@ -210,7 +210,7 @@ class Expand(Op):
     f16 = True
     host_inputs = (1,)
     def run(self, ctx: Context, x: Tensor, shape: Tensor) -> list[Tensor]:
-        want = host_ints(self, shape, "shape")
+        want = host_shape(self, shape)
         try:
             out = tuple(np.broadcast_shapes(x.shape, tuple(want)))
         except ValueError:

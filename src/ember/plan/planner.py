@@ -251,6 +251,7 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
     uses = graph.use_counts()
     remaining = dict(uses)  # consumers not planned yet, per value (graph outputs never reach 0)
     live_names: set[str] = set()  # values some unplanned node (or the graph's outputs) still reads
+    limit = backend.max_elements
     for vi in graph.inputs:
         if vi.name in host_values:
             env[vi.name] = Tensor(vi.dtype, shapes[vi.name], value=host_values[vi.name])
@@ -276,6 +277,11 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
                 outs = op.run(ctx, *(mixed.inputs(op, ins) if mixed else ins))
             for name, t in zip(node.outputs, outs, strict=False):
                 if name:
+                    if limit is not None and t is not None and not t.is_const and t.size > limit:
+                        # A lazy value (an Expand a reduction reads) indexes like a buffer but allocates none.
+                        raise ValueError(f"{ctx.node}: output {name!r} of shape {t.shape} has {t.size} elements; "
+                                         f"the {backend.name} backend's kernels index with 32-bit integers, at "
+                                         f"most {limit} elements a tensor")
                     env[name] = t
                     t.uses += uses.get(name, 0)
                     remaining[name] = uses.get(name, 0)

@@ -60,12 +60,12 @@ def _raw_lib() -> Any:
 
 
 class WgpuBackend(ComputeBackend):
-    name = "wgpu"
-    conv_residual = True
+    name, conv_residual, max_elements = "wgpu", True, 2**31 - 1  # i32 index math in the kernels
 
-    def __init__(self, adapter: int | str | None = None, power_preference: str | None = None) -> None:
+    def __init__(self, adapter: int | str | None = None, power_preference: str | None = None,
+                 safe: bool = False) -> None:  # safe: checked shader modules whatever EMBER_CHECKED_SHADERS says
         super().__init__()
-        self._adapter_opt = adapter
+        self._adapter_opt, self._safe = adapter, safe
         self._power = power_preference
         self._bufs: dict[int, Any] = {}
         self._spare = encode.SpareBuffers()  # freed buffers kept for alloc(overwritten=True)
@@ -88,7 +88,7 @@ class WgpuBackend(ComputeBackend):
         self.queue = self.device.queue
         self.limits = dict(self.device.limits)
         self.features = set(self.device.features)
-        self.checked = dev.checked_shaders_forced()
+        self.checked = self._safe or dev.checked_shaders_forced()
         self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
         self.max_buffer = int(self.limits["max-buffer-size"])
         self._sync_buf = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
