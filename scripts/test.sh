@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on every available backend, installing what it needs first.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" test
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" test,docs
 # Every backend the machine has must be tested: fail rather than silently test cpu only.
 .venv/bin/python -c 'import ember; b = ember.available_backends(); print("backends:", b); assert "wgpu" in b, "no wgpu adapter"'
-.venv/bin/python -m ruff check src tests bench tools
+.venv/bin/python -m ruff check src tests bench tools docs
 # The layering contracts in pyproject.toml: no upward imports, no cycles inside a package.
 .venv/bin/lint-imports
+# The documentation site, strictly (a broken link or docstring reference fails), built outside the repository.
+site_dir=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true .venv/bin/mkdocs build --strict --site-dir "$site_dir"
+rm -rf "$site_dir"
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 # The GPU kernels again with checked shader modules: an out-of-bounds access fails here instead of
 # corrupting memory in trusted mode.

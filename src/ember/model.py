@@ -9,13 +9,15 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Never
 
 import numpy as np
 
-from .backends import ComputeBackend, DeviceLostError, canonical_name
+from .backends import BACKEND_OPTIONS, ComputeBackend, DeviceLostError, canonical_name, check_backend_options
 from .backends import backend as make_backend
+from .core.options import reject_unknown
 from .device_array import DeviceArray
+from .interop import host_array
 from .ir import Graph
 from .onnx.importer import load
 from .onnx.optimize import optimize
@@ -81,11 +83,37 @@ def check_plan_cache_bytes(value: Any) -> int:
     return int(value)
 
 
+# Every keyword option load_onnx takes (Model's, the backend's, and where external data lives).
+LOAD_OPTIONS = ("fuse", "precision", "plan_cache_bytes", "autotune", *BACKEND_OPTIONS, "external_data_dir")
+
+
+def check_load_options(backend: Any, fuse: Any, precision: Any, plan_cache_bytes: Any, autotune: Any, adapter: Any,
+                       power_preference: Any, safe: Any = False) -> int:
+    """TypeError/ValueError naming the option and the value given, for a value of the wrong type or out of range;
+    the plan cache's limit in bytes otherwise. Whether the device can do precision='f16' is checked once it is
+    open (check_f16)."""
+    if isinstance(backend, ComputeBackend) and (adapter is not None or power_preference is not None):
+        given = [k for k, v in (("adapter", adapter), ("power_preference", power_preference)) if v is not None]
+        raise ValueError(f"{', '.join(given)}: pick the device of a backend given by name; the {backend.name} "
+                         "backend object given has its device already")
+    if not isinstance(fuse, (bool, np.bool_)):
+        raise TypeError(f"fuse: expected True or False, got {fuse!r}")
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {list(PRECISIONS)}, got {precision!r}")
+    if autotune is not None and not isinstance(autotune, bool):
+        raise TypeError(f"autotune: expected True, False or None, got {autotune!r}")
+    check_backend_options(adapter, power_preference, safe)
+    if safe and isinstance(backend, ComputeBackend) and backend.name == "wgpu" and not getattr(backend, "checked", 1):
+        raise ValueError("safe=True: the wgpu backend object given runs trusted shader modules; give the backend "
+                         "by name, or make it with ember.backend('wgpu', safe=True)")
+    return check_plan_cache_bytes(plan_cache_bytes)
+
+
 def cast_feed(name: str, value: Any, expected: np.dtype) -> np.ndarray:
     """The casting rule for feeds: a value converts only within its kind (float->float, int->int at a
     width that holds every value, bool->bool). int->float, float->int or anything -> bool is refused,
     so a wrong feed never turns into a silently different number."""
-    arr = np.asarray(value)
+    arr = host_array(name, value)  # torch tensors, __array__ and __dlpack__ objects too (ember.interop)
     if arr.dtype == expected:
         return arr
     kinds = {"f": "f", "i": "i", "u": "i", "b": "b"}
@@ -104,19 +132,19 @@ def cast_feed(name: str, value: Any, expected: np.dtype) -> np.ndarray:
 class Model:
     """A loaded ONNX model bound to one backend. A plan is built per input-shape signature and cached, least
     recently used first out once the cached plans hold more than `plan_cache_bytes` of device memory; the
-    weights are uploaded once, into a pool every plan of the model reads (cache_info() shows both)."""
+    weights are uploaded once, into a pool every plan of the model reads (cache_info() shows both). load_onnx
+    documents the options."""
 
-    def __init__(self, graph: Graph, backend: str | ComputeBackend, source: str, fuse: bool = True,
+    def __init__(self, graph: Graph, backend: str | ComputeBackend, source: str, *, fuse: bool = True,
                  precision: str = "f32", autotune: bool | None = None, plan_cache_bytes: int | None = None,
-                 **backend_opts: Any) -> None:
-        if autotune is not None and not isinstance(autotune, bool):
-            raise TypeError(f"autotune: expected True, False or None, got {autotune!r}")
-        self._limit = check_plan_cache_bytes(plan_cache_bytes)
+                 adapter: int | str | None = None, power_preference: str | None = None, safe: bool = False) -> None:
+        self._limit = check_load_options(backend, fuse, precision, plan_cache_bytes, autotune, adapter,
+                                         power_preference, safe)
+        backend_opts = {k: v for k, v in (("adapter", adapter), ("power_preference", power_preference), ("safe", safe))
+                        if v is not None and v is not False}
         self.graph = graph
-        self.fuse = fuse
+        self.fuse = bool(fuse)
         self.autotune = autotune
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision: expected one of {list(PRECISIONS)}, got {precision!r}")
         self.source = source
         # How reload() finds a device again: the backend's name and options (None: the caller's own object).
         self._backend_spec = None if isinstance(backend, ComputeBackend) else (backend, backend_opts)
@@ -263,8 +291,10 @@ class Model:
 
     def run(self, feeds: Mapping[str, Any], output_names: list[str] | None = None,
             keep_on_device: bool = False) -> dict[str, Any]:
-        """Run the model. With keep_on_device, outputs are DeviceArrays (`.numpy()` reads them back) that can be
-        fed to a model on the same backend without a host round trip."""
+        """Run the model. Feeds: numpy arrays, lists and scalars, DeviceArrays of this backend, torch tensors
+        (detached, copied to the host from CUDA) and other arrays with __array__ or __dlpack__ (ember.interop),
+        cast only within their kind (cast_feed). With keep_on_device, outputs are DeviceArrays (`.numpy()` reads
+        them back) that can be fed to a model on the same backend without a host round trip."""
         arrays = self._check_feeds(feeds)
         if output_names is not None:
             known = [o.name for o in self.outputs]
@@ -419,9 +449,13 @@ _SHARED: dict[tuple, ComputeBackend] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_backend(name: str, **opts: Any) -> ComputeBackend:
+def shared_backend(name: str, *, adapter: int | str | None = None, power_preference: str | None = None,
+                   safe: bool = False, **unknown: Never) -> ComputeBackend:
     """One backend object (one device) per name and options in a process: models loaded onto it share the
-    device, its pipeline cache, and can pass DeviceArrays to each other."""
+    device, its pipeline cache, and can pass DeviceArrays to each other. The options are ember.backend()'s."""
+    reject_unknown("shared_backend()", unknown, BACKEND_OPTIONS)
+    opts = {k: v for k, v in (("adapter", adapter), ("power_preference", power_preference), ("safe", safe))
+            if v is not None and v is not False}
     if isinstance(name, str) and name.lower() == "auto":
         name = make_backend("auto", **opts).name  # resolves EMBER_BACKEND / the best available
     key = (canonical_name(name), tuple(sorted(opts.items())))
@@ -433,28 +467,45 @@ def shared_backend(name: str, **opts: Any) -> ComputeBackend:
 
 
 def load_onnx(model: Any, backend: str | ComputeBackend = "auto", *, external_data_dir: Any = None,
-              **options: Any) -> Model:
+              fuse: bool = True, precision: str = "f32", plan_cache_bytes: int | None = None,
+              autotune: bool | None = None, adapter: int | str | None = None, power_preference: str | None = None,
+              safe: bool = False,
+              **unknown: Never) -> Model:
     """Load an ONNX model (path, bytes or onnx.ModelProto) onto a backend: "auto", "wgpu", "cpu" (models on
-    the same name share one device), or a ComputeBackend object from ember.backend().
+    the same name and options share one device), or a ComputeBackend object from ember.backend().
 
-    Options: fuse (default True): graph rewrites and kernel fusion. precision="f16" (wgpu on adapters with
-    shader-f16): float16 storage, float32 arithmetic. plan_cache_bytes (default 1 GiB): device bytes the plans
-    cached for different input shapes may hold together (the weights, shared by all, not counted); past it the
-    least recently used plans are freed, and rebuilt if their shapes come back. autotune (wgpu; default None:
-    EMBER_AUTOTUNE if set, else on for hardware GPUs, off for software adapters): time a few GEMM/conv tile
-    configs per shape while planning and keep the fastest, cached on disk per adapter (see
-    ember/backends/wgpu/autotune.py). adapter / power_preference pick the wgpu device.
-
-    external_data_dir: the folder holding the files of a model that keeps its weights outside the .onnx file (the
-    locations the model names are relative to it); default: a model file's own folder (a model given as bytes or
-    a ModelProto has none: one with external data needs it). A listed file that is missing raises
-    FileNotFoundError naming each tensor and the path looked for; a given ModelProto is never modified.
+    Options (keyword only):
+      fuse (bool, default True): graph rewrites and kernel fusion; False runs the graph node by node.
+      precision ("f32" or "f16", default "f32"): "f16" (wgpu on adapters with shader-f16) stores float32 weights
+        and activations as float16, computing in float32; inputs and outputs stay float32.
+      plan_cache_bytes (int >= 0 or None, default None: 1 GiB): device bytes the plans cached for different input
+        shapes may hold together (the weights, shared by all, not counted); past it the least recently used plans
+        are freed, and rebuilt if their shapes come back. 0 keeps only the plan in use.
+      autotune (bool or None, wgpu; default None: EMBER_AUTOTUNE if set, else on for hardware GPUs, off for
+        software adapters): time a few GEMM/conv tile configs per shape while planning and keep the fastest,
+        cached on disk per adapter (see ember/backends/wgpu/autotune.py).
+      adapter (int, str or None) and power_preference ("low-power", "high-performance" or None), default None:
+        pick the wgpu device, as in ember.backend(); only with a backend given by name.
+      safe (bool, default False): for models from untrusted sources. wgpu runs the model with shader modules
+        that bounds-check every access (EMBER_CHECKED_SHADERS for one model), on a device of its own, instead of
+        relying on ember's host-side shape and index checks alone; slower. The cpu backend is always checked.
+      external_data_dir (path or None, default None): the folder holding the files of a model that keeps its
+        weights outside the .onnx file (the locations the model names are relative to it); default: a model
+        file's own folder (a model given as bytes or a ModelProto has none: one with external data needs it). A
+        listed file that is missing raises FileNotFoundError naming each tensor and the path looked for; a given
+        ModelProto is never modified.
+    An unknown option raises TypeError naming it, the closest valid one and every valid one; a value of the wrong
+    type or out of range raises TypeError/ValueError naming the option, before the model is read.
 
     A malformed model raises ValueError at load, every problem listed at once, each naming the node, input or
     attribute with what was expected and what was found: structure (inputs nothing produces, input/output counts),
     attribute names and types and required attributes per the op's ONNX schema, dtypes the schema ties together or
     does not allow, and initializers whose data does not fill their dims. An op ember cannot run raises
     NotImplementedError."""
+    reject_unknown("load_onnx()", unknown, LOAD_OPTIONS)
+    check_load_options(backend, fuse, precision, plan_cache_bytes, autotune, adapter, power_preference, safe)
+    options = {"fuse": bool(fuse), "precision": precision, "plan_cache_bytes": plan_cache_bytes,
+               "autotune": autotune, "adapter": adapter, "power_preference": power_preference, "safe": safe}
     if isinstance(backend, ComputeBackend):
         backend._require_init()
     elif not (isinstance(backend, str) and backend.lower() == "auto"):
@@ -463,7 +514,7 @@ def load_onnx(model: Any, backend: str | ComputeBackend = "auto", *, external_da
     # Malformed first, as ONNX Runtime checks: an op's constructor in check_supported may trip on a bad attribute.
     check_structure(graph, schema_problems)
     check_supported(graph)
-    rewrites = optimize(graph) if options.get("fuse", True) else {}
+    rewrites = optimize(graph) if fuse else {}
     name = backend.name if isinstance(backend, ComputeBackend) else backend
     try:
         model = Model(graph, backend, source, **options)

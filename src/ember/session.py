@@ -6,6 +6,7 @@ one. `import ember.onnxruntime as ort` gives the whole API under ORT's names.
 
 from __future__ import annotations
 
+import difflib
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -138,8 +139,11 @@ class InferenceSession:
         self._ember_opts = {k: kwargs.pop(k) for k in _EMBER_KWARGS if k in kwargs}
         self._external_dir = kwargs.pop("external_data_dir", None)
         unknown = sorted(set(kwargs) - set(_ORT_KWARGS))
-        if unknown:
-            self._warn(f"InferenceSession: ignoring unknown keyword argument(s) {unknown}")
+        if unknown:  # ORT ignores keywords it does not read; ember says so, with the closest one it reads
+            known = [*_ORT_KWARGS, *_EMBER_KWARGS, "external_data_dir"]
+            close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, known, n=1))}
+            hint = "".join(f" ({k!r}: did you mean {m!r}?)" for k, m in close.items())
+            self._warn(f"InferenceSession: ignoring unknown keyword argument(s) {unknown}{hint}")
         self._source = path_or_bytes  # kept for set_providers, as ORT keeps it
         try:
             self._create(providers, provider_options)
@@ -329,7 +333,8 @@ class InferenceSession:
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
             run_options: RunOptions | None = None) -> list[np.ndarray]:
         """Run the model: the outputs named (None or []: all, in the model's order) as numpy arrays. Feeds are
-        numpy arrays (or lists, scalars), OrtValues or ember DeviceArrays."""
+        numpy arrays (or lists, scalars), OrtValues, ember DeviceArrays, torch tensors or other arrays with
+        __array__ or __dlpack__ (read on the host: ember.interop)."""
         names = list(output_names) if output_names else [o.name for o in self._outputs]
         result = self._execute(input_feed, names, keep_on_device=False)
         return [result[n] for n in names]

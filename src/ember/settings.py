@@ -88,6 +88,7 @@ class Setting(Generic[SettingValue]):
     doc: str
 
     def get(self) -> SettingValue | None:
+        """The value now: an `override` in scope, else the parsed variable, else the default."""
         scoped = _overrides.get(self.key, _UNSET)
         if scoped is not _UNSET:
             return scoped
