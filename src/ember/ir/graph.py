@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,12 @@ class Node:
     attrs: dict[str, Any]
     name: str
     opset: int  # the model's opset version for this node's domain
+    # Values of enclosing graphs that this node's subgraphs (If's branches, Loop's body) read by name: uses of
+    # them as real as `inputs`, for liveness, dead-node removal and the structural checks.
+    implicit: list[str] = field(default_factory=list)
+
+    def subgraphs(self) -> list[Graph]:
+        return [v for v in self.attrs.values() if isinstance(v, Graph)]
 
     def describe(self) -> str:
         dom = self.domain or "ai.onnx"
@@ -51,10 +58,11 @@ class Graph:
         return {o: n for n in self.nodes for o in n.outputs if o}
 
     def use_counts(self) -> dict[str, int]:
-        """How many times each value is read: by node inputs, and once more per graph output it is."""
+        """How many times each value is read: by node inputs (a subgraph's reads of it count once for the node
+        holding the subgraph), and once more per graph output it is."""
         count: dict[str, int] = {}
         for n in self.nodes:
-            for i in n.inputs:
+            for i in (*n.inputs, *n.implicit):
                 if i:
                     count[i] = count.get(i, 0) + 1
         for o in self.outputs:
@@ -64,7 +72,29 @@ class Graph:
     def consumers(self) -> dict[str, list[Node]]:
         out: dict[str, list[Node]] = {}
         for n in self.nodes:
-            for i in n.inputs:
+            for i in (*n.inputs, *n.implicit):
                 if i:
                     out.setdefault(i, []).append(n)
         return out
+
+    def all_nodes(self) -> Iterator[Node]:
+        """Every node, those inside subgraphs too (after the node holding them)."""
+        for n in self.nodes:
+            yield n
+            for g in n.subgraphs():
+                yield from g.all_nodes()
+
+    def outer_names(self) -> list[str]:
+        """Values this graph (as a subgraph) reads that neither it nor its own subgraphs define: names of an
+        enclosing graph's values, in first-read order."""
+        defined = {vi.name for vi in self.inputs} | set(self.initializers)
+        out: dict[str, None] = {}
+        for n in self.nodes:
+            for i in (*n.inputs, *n.implicit):
+                if i and i not in defined:
+                    out[i] = None
+            defined.update(o for o in n.outputs if o)
+        for vi in self.outputs:
+            if vi.name not in defined:
+                out[vi.name] = None
+        return list(out)

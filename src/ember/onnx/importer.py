@@ -205,7 +205,7 @@ def _attr(a: onnx.AttributeProto, what: str, problems: list[str]) -> Any:
     if a.type == onnx.AttributeProto.TENSOR:
         return _tensor(a.t, what, problems)
     if a.type == onnx.AttributeProto.GRAPH:
-        return a.g  # subgraphs stay protos; ops that take them convert what they need
+        return a.g  # _nodes makes it an ember Graph
     v = helper.get_attribute_value(a)
     if isinstance(v, bytes):
         return v.decode()
@@ -235,12 +235,7 @@ def to_graph(proto: onnx.ModelProto) -> Graph:
     inits: dict[str, Any] = {t.name: _tensor(t, f"initializer {t.name!r}", problems) for t in g.initializer}
     if g.sparse_initializer:
         raise NotImplementedError("sparse initializers are not supported")
-    nodes = []
-    for i, n in enumerate(g.node):
-        dom = n.domain if n.domain != "ai.onnx" else ""
-        name = n.name or f"{n.op_type}_{i}"
-        attrs = {a.name: _attr(a, f"attribute {a.name!r} of node {name!r}", problems) for a in n.attribute}
-        nodes.append(Node(n.op_type, dom, list(n.input), list(n.output), attrs, name, opsets.get(dom, 1)))
+    nodes = _nodes(g, opsets, problems)
     if problems:
         raise ValueError(_listing("tensor data that does not fill its dims", problems))
     # Graph inputs that also have an initializer are defaults the user may override (IR < 4 lists all
@@ -251,6 +246,36 @@ def to_graph(proto: onnx.ModelProto) -> Graph:
     outputs = [_value_info(v) for v in g.output]
     vinfo = {v.name: _value_info(v) for v in g.value_info}
     return Graph(nodes, inputs, outputs, inits, vinfo, opsets, g.name)
+
+
+def _nodes(g: onnx.GraphProto, opsets: dict[str, int], problems: list[str], prefix: str = "") -> list[Node]:
+    """The graph's nodes; a subgraph attribute (If's branches, Loop's body) becomes an ember Graph, and what it
+    reads of the enclosing graphs becomes the node's `implicit` inputs."""
+    nodes = []
+    for i, n in enumerate(g.node):
+        dom = n.domain if n.domain != "ai.onnx" else ""
+        name = n.name or f"{prefix}{n.op_type}_{i}"
+        attrs = {a.name: _attr(a, f"attribute {a.name!r} of node {name!r}", problems) for a in n.attribute}
+        implicit: dict[str, None] = {}
+        for key, value in attrs.items():
+            if isinstance(value, onnx.GraphProto):
+                attrs[key] = sub = _subgraph(value, opsets, problems, f"{name}/{key}/")
+                implicit.update(dict.fromkeys(sub.outer_names()))
+        nodes.append(Node(n.op_type, dom, list(n.input), list(n.output), attrs, name, opsets.get(dom, 1),
+                          list(implicit)))
+    return nodes
+
+
+def _subgraph(g: onnx.GraphProto, opsets: dict[str, int], problems: list[str], prefix: str) -> Graph:
+    """A subgraph: its inputs are the formal parameters its node binds, in order (Loop's iteration number, its
+    condition, the loop-carried values), initializers included."""
+    _check_text(g)
+    if g.sparse_initializer:
+        raise NotImplementedError("sparse initializers are not supported")
+    inits = {t.name: _tensor(t, f"initializer {t.name!r} of subgraph {g.name!r}", problems) for t in g.initializer}
+    return Graph(_nodes(g, opsets, problems, prefix), [_value_info(v) for v in g.input],
+                 [_value_info(v) for v in g.output], inits, {v.name: _value_info(v) for v in g.value_info}, opsets,
+                 g.name)
 
 
 def load(model: Any, external_data_dir: str | os.PathLike | None = None) -> tuple[Graph, str, list[str]]:

@@ -31,8 +31,17 @@ def optimize(graph: Graph) -> dict[str, int]:
 
 
 def _rename_input(graph: Graph, old: str, new: str) -> None:
+    """Every read of `old` becomes one of `new`, inside subgraphs too (unless a subgraph defines its own `old`)."""
     for n in graph.nodes:
         n.inputs = [new if i == old else i for i in n.inputs]
+        if old in n.implicit:
+            n.implicit = list(dict.fromkeys(new if i == old else i for i in n.implicit))
+            for sub in n.subgraphs():
+                if old not in {vi.name for vi in sub.inputs} | set(sub.initializers):
+                    _rename_input(sub, old, new)
+                    for vi in sub.outputs:  # a branch that returns the outer value itself
+                        if vi.name == old:
+                            vi.name = new
 
 
 def fold_constants(graph: Graph) -> int:
@@ -43,7 +52,7 @@ def fold_constants(graph: Graph) -> int:
     for node in graph.nodes:
         cls = lookup(node)
         consts = [i for i in node.inputs if i]
-        if cls is None or not all(i in graph.initializers for i in consts):
+        if cls is None or cls.scoped or not all(i in graph.initializers for i in consts):
             keep.append(node)
             continue
         try:
@@ -142,7 +151,7 @@ def remove_dead(graph: Graph) -> int:
     for n in reversed(graph.nodes):
         if any(o in live for o in n.outputs if o):
             keep.append(n)
-            live.update(i for i in n.inputs if i)
+            live.update(i for i in (*n.inputs, *n.implicit) if i)
     removed = len(graph.nodes) - len(keep)
     graph.nodes = keep[::-1]
     for name in list(graph.initializers):

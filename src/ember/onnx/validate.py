@@ -22,24 +22,35 @@ _VARIADIC = onnx.defs.OpSchema.FormalParameterOption.Variadic
 
 def check_structure(graph: Graph, schema_problems: Sequence[str] = ()) -> None:
     problems: list[str] = []
-    available = {vi.name for vi in graph.inputs} | set(graph.initializers)
+    _structure(graph, set(), problems)
+    problems += schema_problems
+    if len(problems) == 1:
+        raise ValueError(problems[0])
+    if problems:
+        raise ValueError(f"{len(problems)} problems in the graph:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _structure(graph: Graph, outer: set[str], problems: list[str], inside: str = "") -> None:
+    """The checks of one graph; a subgraph (If's branches, Loop's body) also sees the values its enclosing graphs
+    define before the node that holds it (`outer`)."""
+    available = outer | {vi.name for vi in graph.inputs} | set(graph.initializers)
     produced = {o for n in graph.nodes for o in n.outputs if o}
     for node in graph.nodes:
         missing = [name for name in node.inputs if name and name not in available]
         if missing:
             where = "is produced only by a later node (the graph is not topologically sorted)" \
                 if all(name in produced for name in missing) else "is no graph input, initializer or node output"
-            problems.append(f"{node.describe()}: input(s) {missing} {where}")
-        problems += _arity_problems(node)
+            problems.append(f"{node.describe()}{inside}: input(s) {missing} {where}")
+        problems += [p.replace(": ", f"{inside}: ", 1) if inside else p for p in _arity_problems(node)]
+        for key, sub in node.attrs.items():
+            if isinstance(sub, Graph):
+                _structure(sub, available, problems, f" (in {key} of {node.describe()}{inside})")
         available.update(o for o in node.outputs if o)
     unproduced = [vi.name for vi in graph.outputs if vi.name not in available]
     if unproduced:
-        problems.append(f"graph output(s) {unproduced} are produced by no node and are no input or initializer")
-    problems += schema_problems
-    if len(problems) == 1:
-        raise ValueError(problems[0])
-    if problems:
-        raise ValueError(f"{len(problems)} problems in the graph:\n" + "\n".join(f"  - {p}" for p in problems))
+        what = "subgraph" if inside else "graph"
+        problems.append(f"{what} output(s) {unproduced}{inside} are produced by no node and are no input or "
+                        "initializer")
 
 
 def _arity_problems(node: Node) -> list[str]:

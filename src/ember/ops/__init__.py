@@ -4,6 +4,7 @@ from . import (  # noqa: F401  (registration)
     bitwise,
     causal_conv,
     constant,
+    control,
     conv,
     conv_transpose,
     deform_conv,

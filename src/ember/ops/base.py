@@ -251,6 +251,9 @@ class Op:
     host_inputs: ClassVar[tuple[int, ...]] = ()
     # Every kernel this op records takes float16 storage (precision="f16"); else it runs on float32 copies.
     f16: ClassVar[bool] = False
+    # The op holds subgraphs (If, Loop): the planner calls run_scoped(ctx, inputs, plan_graph) instead of run,
+    # plan_graph(graph, bound_inputs, keep=None) planning a subgraph in a scope that sees the enclosing values.
+    scoped: ClassVar[bool] = False
 
     def __init__(self, node: Node) -> None:
         self.node = node

@@ -9,6 +9,8 @@ the other plans of its model; the plan owns only the buffers it writes (inputs, 
 
 from __future__ import annotations
 
+from collections import ChainMap
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -140,9 +142,10 @@ def host_value_inputs(graph: Graph) -> set[str]:
     A plan is specialised on their values, as it is on input shapes: they are host-side shape arithmetic.
     """
     names = {vi.name for vi in graph.inputs}
-    producers = graph.producers()
+    # Subgraphs' nodes too: a Reshape inside an If branch whose shape comes from a graph input.
+    producers = {o: n for n in graph.all_nodes() for o in n.outputs if o}
     needed: list[str] = []
-    for node in graph.nodes:
+    for node in graph.all_nodes():
         cls = lookup(node)
         needed += [node.inputs[i] for i in getattr(cls, "host_inputs", ()) if i < len(node.inputs) and node.inputs[i]]
     # Follow host values back through the nodes computing them; Shape and Size need shapes only.
@@ -232,6 +235,96 @@ class _Precision:
         return ins
 
 
+class _Walk:
+    """Plans nodes into an environment of tensors: folds a node whose inputs are all known, records the others'
+    steps, and after each node returns to the free list the buffers no value still to be read lives in. A node
+    holding subgraphs (If, Loop: `Op.scoped`) plans them through `subgraph`, in a scope that sees its enclosing
+    graphs' values; the values every open scope still reads stay live."""
+
+    def __init__(self, ctx: Context, mixed: _Precision | None, folds: FoldCache | None, limit: int | None) -> None:
+        self.ctx, self.mixed, self.folds, self.limit = ctx, mixed, folds, limit
+        self.frames: list[Callable[[], Iterable[Tensor]]] = []  # per open scope: the tensors it still reads
+
+    def nodes(self, nodes: list[Any], env: MutableMapping[str, Tensor], uses: dict[str, int],
+              live_names: set[str]) -> None:
+        ctx = self.ctx
+        remaining = dict(uses)  # consumers not planned yet, per value (graph outputs never reach 0)
+        self.frames.append(lambda: [env[n] for n in live_names])
+        try:
+            for node in nodes:
+                cls = lookup(node)
+                if cls is None:
+                    raise UnsupportedError(f"{node.describe()}: not supported")
+                op = cls(node)
+                ctx.node = f"{node.name} ({node.op_type})"
+                # Every input is an earlier node's output, a graph input or an initializer: load_onnx checked the
+                # graph (onnx/validate.py).
+                ins = [env[i] if i else None for i in node.inputs]
+                if op.scoped:
+                    outs = op.run_scoped(ctx, ins, lambda g, binds, keep=None: self.subgraph(g, env, binds, keep))
+                elif all(t is None or t.is_const for t in ins):
+                    outs = self.folds.fold(node, op, ins) if self.folds is not None else fold(op, ins)
+                else:
+                    outs = op.run(ctx, *(self.mixed.inputs(op, ins) if self.mixed else ins))
+                for name, t in zip(node.outputs, outs, strict=False):
+                    if name:
+                        self._check_size(name, t)
+                        env[name] = t
+                        t.uses += uses.get(name, 0)
+                        remaining[name] = uses.get(name, 0)
+                        if remaining[name] > 0:
+                            live_names.add(name)
+                for name in (*node.inputs, *node.implicit):
+                    if name:
+                        remaining[name] -= 1
+                        if remaining[name] <= 0:
+                            live_names.discard(name)
+                self.release()
+        finally:
+            self.frames.pop()
+
+    def subgraph(self, graph: Graph, outer: MutableMapping[str, Tensor], binds: list[Tensor | None],
+                 keep: Callable[[], Iterable[Tensor]] | None) -> list[Tensor]:
+        """Plan a subgraph with its formal inputs bound to `binds`; its outputs. `keep`: tensors the caller
+        still needs while it runs (a Loop's scan outputs so far)."""
+        if len(binds) != len(graph.inputs):
+            raise ValueError(f"{self.ctx.node}: the subgraph {graph.name!r} takes {len(graph.inputs)} input(s), "
+                             f"{len(binds)} given")
+        scope: ChainMap[str, Tensor] = ChainMap({}, outer)
+        for name, arr in graph.initializers.items():
+            scope[name] = Tensor(arr.dtype, arr.shape, value=arr)
+        uses = graph.use_counts()
+        live: set[str] = set()
+        for vi, t in zip(graph.inputs, binds, strict=True):
+            if t is not None:
+                scope[vi.name] = t
+                if uses.get(vi.name, 0) > 0:
+                    live.add(vi.name)
+        if keep is not None:
+            self.frames.append(keep)
+        try:
+            self.nodes(graph.nodes, scope, uses, live)
+        finally:
+            if keep is not None:
+                self.frames.remove(keep)
+        return [scope[vi.name] for vi in graph.outputs]
+
+    def release(self) -> None:
+        # Only values still to be read keep their buffers (and the buffers their lazy inputs read).
+        live: set[int] = set()
+        for frame in self.frames:
+            for t in frame():
+                referenced_handles(t, live)
+        self.ctx.release_unreferenced(live)
+
+    def _check_size(self, name: str, t: Tensor | None) -> None:
+        if self.limit is not None and t is not None and not t.is_const and t.size > self.limit:
+            # A lazy value (an Expand a reduction reads) indexes like a buffer but allocates none.
+            raise ValueError(f"{self.ctx.node}: output {name!r} of shape {t.shape} has {t.size} elements; the "
+                             f"{self.ctx.backend.name} backend's kernels index with 32-bit integers, at most "
+                             f"{self.limit} elements a tensor")
+
+
 def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[int, ...]],
                host_values: dict[str, np.ndarray] | None = None, fuse: bool = True,
                precision: str = "f32", pool: WeightPool | None = None, folds: FoldCache | None = None,
@@ -249,9 +342,7 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
     inputs = []
     host_values = host_values or {}
     uses = graph.use_counts()
-    remaining = dict(uses)  # consumers not planned yet, per value (graph outputs never reach 0)
     live_names: set[str] = set()  # values some unplanned node (or the graph's outputs) still reads
-    limit = backend.max_elements
     for vi in graph.inputs:
         if vi.name in host_values:
             env[vi.name] = Tensor(vi.dtype, shapes[vi.name], value=host_values[vi.name])
@@ -261,42 +352,9 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
         inputs.append((vi.name, t))
         if uses.get(vi.name, 0) > 0:
             live_names.add(vi.name)
+    walk = _Walk(ctx, mixed, folds, backend.max_elements)
     try:
-        for node in graph.nodes:
-            cls = lookup(node)
-            if cls is None:
-                raise UnsupportedError(f"{node.describe()}: not supported")
-            op = cls(node)
-            ctx.node = f"{node.name} ({node.op_type})"
-            # Every input is an earlier node's output, a graph input or an initializer: load_onnx checked the graph
-            # (onnx/validate.py).
-            ins = [env[i] if i else None for i in node.inputs]
-            if all(t is None or t.is_const for t in ins):
-                outs = folds.fold(node, op, ins) if folds is not None else fold(op, ins)
-            else:
-                outs = op.run(ctx, *(mixed.inputs(op, ins) if mixed else ins))
-            for name, t in zip(node.outputs, outs, strict=False):
-                if name:
-                    if limit is not None and t is not None and not t.is_const and t.size > limit:
-                        # A lazy value (an Expand a reduction reads) indexes like a buffer but allocates none.
-                        raise ValueError(f"{ctx.node}: output {name!r} of shape {t.shape} has {t.size} elements; "
-                                         f"the {backend.name} backend's kernels index with 32-bit integers, at "
-                                         f"most {limit} elements a tensor")
-                    env[name] = t
-                    t.uses += uses.get(name, 0)
-                    remaining[name] = uses.get(name, 0)
-                    if remaining[name] > 0:
-                        live_names.add(name)
-            for name in node.inputs:
-                if name:
-                    remaining[name] -= 1
-                    if remaining[name] <= 0:
-                        live_names.discard(name)
-            # Only values still to be read keep their buffers (and the buffers their lazy inputs read).
-            live: set[int] = set()
-            for name in live_names:
-                referenced_handles(env[name], live)
-            ctx.release_unreferenced(live)
+        walk.nodes(graph.nodes, env, uses, live_names)
         outputs = []
         input_handles = {t.view.handle for _, t in inputs}
         seen: set[int] = set()
