@@ -1,15 +1,18 @@
-"""Command line: `ember info MODEL`, `ember check MODEL`, `ember run MODEL`, `ember backends`, `ember demo`.
+"""Command line: `ember info MODEL`, `ember check MODEL`, `ember run MODEL`, `ember bench MODEL`, `ember profile
+MODEL`, `ember backends`, `ember demo`.
 
 Errors are one line on stderr, `ember: error: ...` (a traceback with --debug), and every command exits with
 0 ok, 1 outputs differ from ONNX Runtime's, 2 bad usage or arguments, 3 model rejected at load (malformed),
 4 unsupported op, 5 other runtime error; with several backends, the highest of theirs. The model commands
-live in ember/cli_commands.py, what they share (feeds, the ONNX Runtime reference, the comparison) in
-ember/cli_util.py.
+live in ember/cli_commands.py (bench and profile in ember/cli_bench.py), what they share (feeds, the ONNX Runtime
+reference, the comparison) in ember/cli_util.py. Progress of slow work (load, plan build, autotune) shows on stderr
+when it is a terminal (ember/core/progress.py); `--quiet` or EMBER_PROGRESS=0 turns it off.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -18,6 +21,8 @@ import numpy as np
 
 import ember
 
+from . import settings
+from .cli_bench import bench, profile
 from .cli_commands import Evaluation, check, error_line, info, run
 from .cli_util import EXIT_CODES, RUNTIME, USAGE, FeedOptions, describe_error, median_ms
 
@@ -93,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an error")
+    common.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS,
+                        help="show no progress on stderr (as EMBER_PROGRESS=0)")
     p = argparse.ArgumentParser(prog="ember", description=ember.__doc__, epilog=EXIT_CODES, parents=[common])
     p.add_argument("--version", action="version", version=f"ember {ember.__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -122,6 +129,27 @@ def build_parser() -> argparse.ArgumentParser:
     _feed_args(r)
     _tolerance_args(r)
     r.set_defaults(func=run)
+    be = command("bench", "time model.run on each backend next to ONNX Runtime (CPU): median, p10, p90")
+    be.add_argument("model")
+    be.add_argument("--backend", default="all", choices=["cpu", "wgpu", "all"], help="default: all available")
+    be.add_argument("--runs", type=int, default=20, help="timed runs per engine (default 20)")
+    be.add_argument("--warmup", type=int, default=3, help="untimed runs before them, after the first run, which "
+                    "builds the plan (default 3)")
+    be.add_argument("--json", metavar="FILE.json", help="write the numbers (every run's time too) to a JSON file")
+    be.add_argument("--no-ort", action="store_true", help="do not run ONNX Runtime (no ratio, no check)")
+    _feed_args(be)
+    _tolerance_args(be)
+    be.set_defaults(func=bench)
+    pr = command("profile", "time each node of a model's plan on each backend (GPU timestamps on wgpu)")
+    pr.add_argument("model")
+    pr.add_argument("--backend", default="all", choices=["cpu", "wgpu", "all"], help="default: all available")
+    pr.add_argument("--top", type=int, default=20, help="the slowest nodes shown (default 20; 0: all)")
+    pr.add_argument("--trace", metavar="FILE.json", help="write every step as a Chrome trace (chrome://tracing, "
+                    "ui.perfetto.dev): one complete event per step, laid end to end in graph order")
+    pr.add_argument("--html", metavar="FILE.html", help="write a self-contained HTML page with a bar chart of the "
+                    "--top nodes")
+    _feed_args(pr)
+    pr.set_defaults(func=profile)
     d = command("demo", "run a real model on every backend next to ONNX Runtime")
     d.add_argument("--model", action="append", help="an ONNX file, repeatable (default: SqueezeNet from the onnx "
                                                     "package, whose weights are all one constant)")
@@ -147,8 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version (0) and bad usage (2): argparse has printed what to
         return e.code if isinstance(e.code, int) else (0 if e.code is None else USAGE)
     debug = getattr(args, "debug", False)
+    quiet = settings.override(progress=False) if getattr(args, "quiet", False) else contextlib.nullcontext()
     try:
-        return args.func(args)
+        with quiet:
+            return args.func(args)
     except KeyboardInterrupt:
         error_line("interrupted")
         return 130

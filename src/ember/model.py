@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import os
 import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Never
 
 import numpy as np
 
 from .backends import BACKEND_OPTIONS, ComputeBackend, DeviceLostError, canonical_name, check_backend_options
 from .backends import backend as make_backend
+from .core import progress
 from .core.options import reject_unknown
 from .device_array import DeviceArray
 from .interop import host_array
@@ -40,7 +43,7 @@ class TensorInfo:
 def check_supported(graph: Graph) -> None:
     """NotImplementedError naming every node ember cannot run (not only the first)."""
     problems = []
-    for node in graph.nodes:
+    for node in graph.all_nodes():  # subgraphs too: an unsupported op in a branch fails at load
         cls = lookup(node)
         if cls is None:
             problems.append(f"  {node.describe()}")
@@ -225,7 +228,8 @@ class Model:
     def _build(self, shapes: dict[str, tuple[int, ...]], host: dict[str, np.ndarray]) -> Plan:
         # Backends that tune kernels while recording (wgpu) take the model's on/off for this plan.
         scope = getattr(self._be, "autotune_scope", None)
-        with scope(self.autotune) if scope is not None else contextlib.nullcontext() as report:
+        with (scope(self.autotune) if scope is not None else contextlib.nullcontext()) as report, \
+                progress.task(f"building the plan on {self._be.name}"):
             plan = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse, precision=self.precision,
                               pool=self._pool, folds=self._folds, casts=self._casts)
         if report is not None:  # plan_info shows what tuning cost this plan: autotune.tuned, .seconds, ...
@@ -510,17 +514,18 @@ def load_onnx(model: Any, backend: str | ComputeBackend = "auto", *, external_da
         backend._require_init()
     elif not (isinstance(backend, str) and backend.lower() == "auto"):
         backend = canonical_name(backend)
-    graph, source, schema_problems = load(model, external_data_dir)
-    # Malformed first, as ONNX Runtime checks: an op's constructor in check_supported may trip on a bad attribute.
-    check_structure(graph, schema_problems)
-    check_supported(graph)
-    rewrites = optimize(graph) if fuse else {}
-    name = backend.name if isinstance(backend, ComputeBackend) else backend
-    try:
-        model = Model(graph, backend, source, **options)
-        model.rewrites = rewrites
-        return model
-    except (NotImplementedError, ValueError, FileNotFoundError, TypeError, MemoryError):  # OutOfMemoryError too
-        raise
-    except Exception as e:
-        raise RuntimeError(f"failed to load model on backend '{name}': {type(e).__name__}: {e}") from e
+    with progress.task(f"loading {Path(model).name if isinstance(model, (str, os.PathLike)) else 'the model'}"):
+        graph, source, schema_problems = load(model, external_data_dir)
+        # Malformed first, as ONNX Runtime checks: an op's constructor in check_supported may trip on a bad attribute.
+        check_structure(graph, schema_problems)
+        check_supported(graph)
+        rewrites = optimize(graph) if fuse else {}
+        name = backend.name if isinstance(backend, ComputeBackend) else backend
+        try:
+            model = Model(graph, backend, source, **options)
+            model.rewrites = rewrites
+            return model
+        except (NotImplementedError, ValueError, FileNotFoundError, TypeError, MemoryError):  # OutOfMemoryError too
+            raise
+        except Exception as e:
+            raise RuntimeError(f"failed to load model on backend '{name}': {type(e).__name__}: {e}") from e

@@ -151,6 +151,9 @@ NATIVE_GEMM = _declare("native_gemm", "EMBER_NATIVE_GEMM", _flag, True, "bool",
                        "cpu: use the compiled GEMM/conv kernels where built (read when they are first loaded).")
 CPU_THREADS = _declare("cpu_threads", "EMBER_CPU_THREADS", _count, None, "count",
                        "cpu: threads of the backend's pool (read when it is made); unset: the cores, at most 4.")
+PROGRESS = _declare("progress", "EMBER_PROGRESS", _flag, None, "bool",
+                    "Progress of slow work (load, plan build, autotune) on stderr; unset: on when stderr is a "
+                    "terminal. The CLI's `--quiet` turns it off.")
 
 
 def cache_dir() -> Path:

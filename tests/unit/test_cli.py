@@ -1,7 +1,9 @@
-"""The command line (ember/cli.py): `--version`, `info`, `check`, `run`, `backends`, `demo`, exit codes and errors."""
+"""The command line (ember/cli.py): `--version`, `info`, `check`, `run`, `bench`, `profile`, `backends`, `demo`, exit
+codes and errors; the progress display (ember/core/progress.py)."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ember
 from ember import cli, cli_util
+from ember.core import progress
 
 
 def vi(name: str, shape: list | None, dtype: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
@@ -276,3 +279,175 @@ def test_backends_and_demo(capsys, conv_model) -> None:
     assert code == 0 and [line.split(":")[0] for line in out.splitlines()] == ember.available_backends()
     code, out, _ = call(capsys, "demo", "--model", conv_model, "--repeat", "1")
     assert code == 0 and "onnxruntime (cpu)" in out and "gemm 256x256x256" in out
+
+
+# ---- ember bench / ember profile / progress ------------------------------------------------------------------
+
+
+def test_bench_cpu_json(capsys, conv_model, tmp_path) -> None:
+    out_json = tmp_path / "bench.json"
+    code, out, err = call(capsys, "bench", conv_model, "--backend", "cpu", "--runs", "3", "--warmup", "1",
+                          "--batch", "2", "--json", str(out_json))
+    assert code == 0, err
+    assert err == ""  # stderr is no terminal here: no progress
+    assert "inputs: x float32[2, 3, 8, 8]" in out
+    assert "median" in out and "p10" in out and "p90" in out and "vs ort" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()}
+    assert rows["cpu"][-1] == "ok" and rows["cpu"][-3].endswith("x") and rows["onnxruntime"][-1] == "reference"
+    data = json.loads(out_json.read_text())
+    assert data["runs"] == 3 and data["warmup"] == 1 and data["exit_code"] == 0
+    assert data["inputs"] == {"x": {"dtype": "float32", "shape": [2, 3, 8, 8]}}
+    cpu, ort = data["results"]
+    assert cpu["engine"] == "cpu" and ort["engine"] == "onnxruntime" and cpu["ok"] and ort["ok"]
+    for r in (cpu, ort):
+        assert len(r["times_ms"]) == 3 and 0 < r["p10_ms"] <= r["median_ms"] <= r["p90_ms"]
+    assert cpu["vs_ort"] == pytest.approx(cpu["median_ms"] / ort["median_ms"])
+    assert cpu["check"] == "ok" and cpu["gpu_ms"] is None
+
+
+def test_bench_without_ort_and_exit_codes(capsys, conv_model, unsupported_model, tmp_path, monkeypatch) -> None:
+    code, out, err = call(capsys, "bench", conv_model, "--backend", "cpu", "--runs", "2", "--no-ort")
+    assert code == 0, err
+    engines = [line.split()[0] for line in out.splitlines() if line.split()]
+    assert "cpu" in engines and "onnxruntime" not in engines
+    for argv in (["--runs", "0"], ["--warmup", "-1"], ["--json", str(tmp_path / "no" / "such" / "b.json")]):
+        code, _, err = call(capsys, "bench", conv_model, "--backend", "cpu", *argv)
+        assert code == 2 and err.startswith("ember: error: "), (argv, err)
+    assert call(capsys, "bench", str(tmp_path / "nope.onnx"))[0] == 2
+    code, _, err = call(capsys, "bench", unsupported_model, "--backend", "cpu")
+    assert code == 4 and "FancyOp" in err
+    bad = save(tmp_path, "bad.onnx", [helper.make_node("Relu", ["x", "x"], ["y"])], [vi("x", [4])], [vi("y", [4])])
+    assert call(capsys, "bench", bad, "--backend", "cpu")[0] == 3
+    real_run = ember.Model.run
+
+    def off_by_a_bit(self, feeds, *args, **kwargs):
+        return {k: v + np.float32(1e-2) for k, v in real_run(self, feeds, *args, **kwargs).items()}
+
+    monkeypatch.setattr(ember.Model, "run", off_by_a_bit)
+    out_json = tmp_path / "m.json"
+    code, out, err = call(capsys, "bench", conv_model, "--backend", "cpu", "--runs", "1", "--json", str(out_json))
+    assert code == 1 and "mismatch" in out and "outputs differ" in err
+    assert json.loads(out_json.read_text())["results"][0]["check"] == "mismatch"
+
+
+def test_bench_wgpu(capsys, conv_model, tmp_path, wgpu_be) -> None:
+    out_json = tmp_path / "bench.json"
+    code, out, err = call(capsys, "bench", conv_model, "--backend", "wgpu", "--runs", "2", "--warmup", "0",
+                          "--json", str(out_json))
+    assert code == 0, err
+    assert "wgpu adapter:" in out
+    wgpu, ort = json.loads(out_json.read_text())["results"]
+    assert wgpu["engine"] == "wgpu" and wgpu["check"] == "ok" and ort["engine"] == "onnxruntime"
+    assert wgpu["gpu_ms"] > 0 and len(wgpu["times_ms"]) == 2
+
+
+def test_profile_cpu_trace_and_html(capsys, conv_model, tmp_path) -> None:
+    trace, page = tmp_path / "trace.json", tmp_path / "plot.html"
+    code, out, err = call(capsys, "profile", conv_model, "--backend", "cpu", "--top", "5", "--trace", str(trace),
+                          "--html", str(page))
+    assert code == 0, err
+    assert err == ""
+    rows = [line.split() for line in out.splitlines()]
+    assert ["1", "Conv_0", "(Conv)", "1"] in [r[:4] for r in rows]  # the Relu is fused into the conv: one node
+    events = json.loads(trace.read_text())["traceEvents"]
+    steps = [e for e in events if e["ph"] == "X"]
+    assert steps and all(e["pid"] == steps[0]["pid"] and e["dur"] >= 0 for e in steps)
+    assert any("(Conv)" in e["name"] for e in steps)
+    for a, b in zip(steps, steps[1:], strict=False):  # end to end
+        assert b["ts"] == pytest.approx(a["ts"] + a["dur"], abs=1e-2)
+    assert steps[0]["ts"] == 0
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "<svg" in text and "(Conv)" in text
+    assert "<script" not in text and "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    import xml.etree.ElementTree as ET
+
+    svg = text[text.index("<svg"):text.index("</svg>") + len("</svg>")]
+    assert ET.fromstring(svg).tag.endswith("svg")  # well-formed
+
+
+def test_profile_trace_in_graph_order(capsys, mixed_model, tmp_path) -> None:
+    trace = tmp_path / "trace.json"
+    code, out, err = call(capsys, "profile", mixed_model, "--backend", "cpu", "--shape", "z=4", "--top", "2",
+                          "--trace", str(trace))
+    assert code == 0, err
+    assert len([line for line in out.splitlines() if line.split() and line.split()[0] in ("1", "2", "3")]) == 2
+    names = [e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    ops = [n.split("(")[-1].rstrip(")") for n in names]  # every step, not only the --top ones, in graph order
+    assert [op for op in ops if op in ("Gather", "MatMul", "Greater")] == ["Gather", "MatMul", "Greater"]
+
+
+def test_profile_exit_codes(capsys, conv_model, unsupported_model, tmp_path) -> None:
+    assert call(capsys, "profile", conv_model, "--backend", "cpu", "--top", "-1")[0] == 2
+    assert call(capsys, "profile", conv_model, "--backend", "cpu", "--html", str(tmp_path))[0] == 2
+    code, _, err = call(capsys, "profile", unsupported_model, "--backend", "cpu", "--trace", str(tmp_path / "t.json"))
+    assert code == 4 and "FancyOp" in err and not (tmp_path / "t.json").exists()
+
+
+def test_quiet_silences_progress_even_when_forced_on(capsys, conv_model) -> None:
+    with ember.settings.override(progress=True):  # forced on: plain lines on this stderr, no terminal
+        code, _, err = call(capsys, "bench", conv_model, "--backend", "cpu", "--runs", "1", "--no-ort")
+        assert code == 0 and "ember: loading conv.onnx ..." in err and "ember: timing cpu: done in" in err
+        for argv in (["bench", conv_model, "--backend", "cpu", "--runs", "1", "--no-ort", "--quiet"],
+                     ["--quiet", "profile", conv_model, "--backend", "cpu"],
+                     ["check", conv_model, "--backend", "cpu", "-q"], ["info", conv_model, "--quiet"],
+                     ["run", conv_model, "--backend", "cpu", "--repeat", "1", "--quiet"], ["backends", "--quiet"]):
+            code, _, err = call(capsys, *argv)
+            assert code == 0 and err == "", (argv, err)
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_silent_without_a_terminal(monkeypatch) -> None:
+    monkeypatch.delenv("EMBER_PROGRESS", raising=False)
+    stream = io.StringIO()
+    assert not progress.enabled(stream)
+    with progress.task("loading something", total=3, stream=stream) as bar:
+        bar.advance()
+        bar.update("still loading")
+    assert stream.getvalue() == ""
+
+
+def test_progress_off_by_the_setting(monkeypatch) -> None:
+    monkeypatch.setenv("EMBER_PROGRESS", "0")
+    tty = FakeTTY()
+    assert not progress.enabled(tty)
+    with progress.task("loading something", stream=tty):
+        pass
+    assert tty.getvalue() == ""
+    monkeypatch.setenv("EMBER_PROGRESS", "1")
+    assert progress.enabled(io.StringIO())
+
+
+def test_progress_on_a_terminal_and_forced_on(monkeypatch) -> None:
+    monkeypatch.delenv("EMBER_PROGRESS", raising=False)
+    tty = FakeTTY()
+    with progress.task("outer task", stream=tty), progress.task("inner task", total=2, stream=tty) as bar:
+        bar.advance(2)
+    shown = tty.getvalue()
+    assert "outer task" in shown and "inner task" in shown
+    with ember.settings.override(progress=True):
+        stream = io.StringIO()  # no terminal: plain lines
+        with pytest.raises(RuntimeError), progress.task("doomed", stream=stream):
+            raise RuntimeError("boom")
+        with progress.task("fine", stream=stream):
+            pass
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "ember: doomed ..." and lines[1].startswith("ember: doomed: failed in ")
+    assert lines[2] == "ember: fine ..." and lines[3].startswith("ember: fine: done in ")
+
+
+def test_progress_of_load_plan_and_autotune(capsys, tmp_path, wgpu_be) -> None:
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32), "w")
+    path = save(tmp_path, "mm.onnx", [helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", [256, 256])],
+                [vi("y", [256, 256])], [w])
+    with ember.settings.override(progress=True, cache_dir=tmp_path / "cache"):
+        ember.load_onnx(path, backend="wgpu", autotune=True).close()
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "ember: loading mm.onnx ..." and err[1] == "ember: building the plan on wgpu ..."
+    assert err[2].startswith("ember: autotune matmul 256x256x256: ") and err[2].endswith(" tile configs ...")
+    assert err[-1].startswith("ember: loading mm.onnx: done in ")
+    ember.load_onnx(path, backend="cpu").close()  # progress off (the default, no terminal): silent
+    assert capsys.readouterr().err == ""

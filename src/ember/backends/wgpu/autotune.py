@@ -32,6 +32,7 @@ import numpy as np
 import wgpu
 
 from ... import settings
+from ...core import progress
 from .program import Dispatch, kernel
 from .shader import tiles
 from .shader.bindings import Bindings
@@ -374,6 +375,17 @@ def _measure(be: WgpuBackend, key: str, cands: list[Plan], record: Callable[[Pla
     return ms
 
 
+def _counted(record: Callable[[Plan], list], bar: progress.Task) -> Callable[[Plan], list]:
+    """`record` that advances the progress bar by one candidate each call."""
+    def counted(plan: Plan) -> list:
+        try:
+            return record(plan)
+        finally:
+            bar.advance()
+
+    return counted
+
+
 def choose(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handle: Any,
            make_a: Callable[[Bindings, Tile], Loader], make_b: Callable[[Bindings, Tile], Loader],
            windows: dict[int, tuple[int, int]] | None, record: Callable[[Plan], list],
@@ -404,7 +416,9 @@ def choose(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handl
             return base
         t0 = time.perf_counter()
         try:
-            ms = _measure(be, key, cands, record, out_handle, windows)
+            with progress.task(f"autotune {name} {m}x{n}x{k}" + (f" x{z}" if z > 1 else "") +
+                               f": {len(cands)} tile configs", total=len(cands)) as bar:
+                ms = _measure(be, key, cands, _counted(record, bar), out_handle, windows)
         finally:
             t.count("seconds", time.perf_counter() - t0)
         if ms is None:
