@@ -26,7 +26,7 @@ from .onnx.importer import load
 from .onnx.optimize import optimize
 from .onnx.validate import check_structure
 from .ops import UnsupportedError, lookup
-from .plan import COUNTERS, FoldCache, Plan, WeightPool, build_plan, host_value_inputs
+from .plan import COUNTERS, FoldCache, Plan, StagedPlan, WeightPool, build_plan, host_value_inputs, needs_stages
 
 
 @dataclass(frozen=True)
@@ -179,8 +179,10 @@ class Model:
         static = all(v.shape is not None and all(isinstance(d, int) for d in v.shape) for v in graph.inputs)
         self._fast_feeds = tuple((v.name, np.dtype(v.dtype), tuple(v.shape)) for v in graph.inputs) \
             if static else None
+        # A graph with data-dependent shapes (NonZero) runs in stages, planned as the data comes (plan/stages.py).
+        self._staged = needs_stages(graph)
         # Everything static is compiled now, so the first run is as cheap as the others.
-        if not self._host_inputs and static:
+        if not self._host_inputs and static and not self._staged:
             plan = self._plan({v.name: tuple(v.shape) for v in graph.inputs}, {})
             # With static inputs every output shape is known now: fill in what the file left out.
             known = {name: t.shape for name, t in plan.outputs}
@@ -230,11 +232,17 @@ class Model:
         scope = getattr(self._be, "autotune_scope", None)
         with (scope(self.autotune) if scope is not None else contextlib.nullcontext()) as report, \
                 progress.task(f"building the plan on {self._be.name}"):
-            plan = build_plan(self.graph, self._be, shapes, host, fuse=self.fuse, precision=self.precision,
-                              pool=self._pool, folds=self._folds, casts=self._casts)
+            if self._staged:
+                plan = StagedPlan(self.graph, self._build_stage, self._be)
+            else:
+                plan = self._build_stage(self.graph, shapes, host)
         if report is not None:  # plan_info shows what tuning cost this plan: autotune.tuned, .seconds, ...
             plan.stats.update({f"autotune.{k}": v for k, v in report.items()})
         return plan
+
+    def _build_stage(self, graph: Graph, shapes: dict[str, tuple[int, ...]], host: dict[str, np.ndarray]) -> Plan:
+        return build_plan(graph, self._be, shapes, host, fuse=self.fuse, precision=self.precision, pool=self._pool,
+                          folds=self._folds, casts=self._casts)
 
     def _evict(self, limit: int, keep: int = 1) -> None:
         """Free least recently used plans until the cached ones hold at most `limit` bytes, keeping the `keep`
@@ -308,6 +316,9 @@ class Model:
         with self._lock, self._device_errors():
             plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
             result = plan.run(arrays, output_names, keep_on_device)
+            if self._staged:  # its stages' plans are built as the data comes: what the cache holds grows
+                self._plan_bytes = sum(p.device_bytes for p in self._plans.values())
+                self._evict(self._limit)
             for k, v in plan.counters.items():
                 self._stats[k] = self._stats.get(k, 0) + v
         names = output_names if output_names is not None else [o.name for o in self.outputs]

@@ -11,6 +11,7 @@ from . import (  # noqa: F401  (registration)
     elementwise,
     gather,
     grid_sample,
+    host,
     linalg,
     linear_attention,
     loss,

@@ -254,6 +254,9 @@ class Op:
     # The op holds subgraphs (If, Loop): the planner calls run_scoped(ctx, inputs, plan_graph) instead of run,
     # plan_graph(graph, bound_inputs, keep=None) planning a subgraph in a scope that sees the enclosing values.
     scoped: ClassVar[bool] = False
+    # The op's output shape depends on its input data (NonZero): it runs on the host between the graph's stages
+    # (ember.plan.stages) through compute(*numpy arrays) when its inputs come from the device.
+    host_op: ClassVar[bool] = False
 
     def __init__(self, node: Node) -> None:
         self.node = node
