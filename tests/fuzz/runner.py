@@ -17,6 +17,7 @@ from .worker import MARK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASE_TIMEOUT_S = 30.0  # a worker silent this long is hung on its current case (first cases compile shaders)
+STARTUP_TIMEOUT_S = 300.0  # a worker's imports, before its first case (slow on a loaded machine)
 ORDER = ["result", "ValueError", "NotImplementedError", "FileNotFoundError", "OutOfMemoryError", "RuntimeError",
          "TypeError", "skipped"]
 
@@ -55,16 +56,19 @@ def run_batch(recipes: list[dict[str, Any]], backend: str, case_timeout: float =
                                         stdout=subprocess.PIPE, stderr=err, text=True, env=env)
                 lines: queue.Queue = queue.Queue()
                 threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True).start()
-                hung = False
+                hung, ready = False, False
                 while True:
                     try:
-                        item = lines.get(timeout=case_timeout)
+                        item = lines.get(timeout=case_timeout if ready else STARTUP_TIMEOUT_S)
                     except queue.Empty:
                         hung = True
                         proc.kill()
                         break
                     if item is None:
                         break
+                    if item.get("ready"):
+                        ready = True
+                        continue
                     results[item.pop("i")] = item
                 rc = proc.wait()
             with open(err_path, errors="replace") as f:

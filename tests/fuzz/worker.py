@@ -155,6 +155,8 @@ def main(argv: list[str]) -> int:
         return 0 if result["ok"] else 1
     with open(argv[1]) as f:
         cases = json.load(f)
+    sys.stdout.write(MARK + json.dumps({"ready": True}) + "\n")  # imports done: the per-case clock starts now
+    sys.stdout.flush()
     for index, recipe in cases:
         faulthandler.dump_traceback_later(HANG_DUMP_S, exit=False)
         result = run_case(recipe, backend)
