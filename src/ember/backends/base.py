@@ -1,8 +1,8 @@
 """The ComputeBackend contract shared by the `cpu` and `wgpu` backends.
 
-Every public method validates its arguments here, once, then asks the backend to *record* the work as
-steps and executes them. The ONNX runtime uses the same record methods at load time to build a static
-plan, so a model run is a replay of steps recorded once (see ember.plan).
+Every public method validates its arguments here, then asks the backend to *record* the work as steps, prepares
+and executes them, and keeps them: the same call again replays them (api_cache.py). The ONNX runtime uses the same
+record methods at load time to build a static plan, so a model run is a replay of steps recorded once (ember.plan).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from ..core.conv import ConvSpec
 from ..core.expr import call, inp
 from ..core.view import View
 from . import attention_arm
+from .api_cache import ApiCache
 from .api_types import (
     BinaryOp,
     ConvKernel,
@@ -56,6 +58,7 @@ class ComputeBackend(ABC):
         # Models on one backend may plan and run in several threads: handles and the allocation table change under it.
         self._memory_lock = threading.RLock()
         self.lost: str | None = None  # why the device is gone (device_lost), None while it works
+        self._api_cache = ApiCache()  # the public ops' steps, recorded once per call signature (api_cache.py)
 
     def device_lost(self, error: BaseException) -> bool:
         """Whether `error` (raised by this backend's work) means the device is gone; a backend whose device can
@@ -104,7 +107,16 @@ class ComputeBackend(ABC):
         with self._memory_lock:
             self.nbytes(handle, "handle")
             del self._sizes[handle]
+            self._api_cache.drop_handle(self, int(handle))  # before the memory goes: no entry outlives it
             self._device_free(handle)
+
+    def api_cache_info(self) -> dict[str, int]:
+        """The public ops' replay cache: hits (calls replayed), misses (recorded), evictions, entries, bound."""
+        return self._api_cache.info()
+
+    def _api_context(self, tuned: bool) -> tuple:
+        """Settings read while recording a public op (its cache key holds them); `tuned`: gemm, conv, attention."""
+        return ()
 
     def memory_info(self) -> dict[str, int]:
         """Live allocations on this backend and the bytes they were asked for."""
@@ -178,7 +190,11 @@ class ComputeBackend(ABC):
         alpha, beta = float(alpha), float(beta)
         if not (math.isfinite(alpha) and math.isfinite(beta)):
             raise ValueError(f"alpha and beta must be finite, got alpha={alpha}, beta={beta}")
-        self.execute(self.record_gemm(bool(trans_a), bool(trans_b), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+        ta, tb = bool(trans_a), bool(trans_b)
+        key = ("gemm", ta, tb, m, n, k, alpha, math.copysign(1.0, alpha), a, lda, b, ldb, beta,
+               math.copysign(1.0, beta), c, ldc, self._api_context(True))
+        self._api_cache.run(self, key, (a, b, c),
+                            lambda: self.record_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
 
     def conv2d_forward(self, input: int, input_shape: Sequence[int], filter: int, filter_shape: Sequence[int],
                        output: int, output_shape: Sequence[int], stride: Any = (1, 1),
@@ -202,8 +218,9 @@ class ComputeBackend(ABC):
         self._need(input, "input", n * c * h * w)
         self._need(filter, "filter", kk * c * r * s)
         self._need(output, "output", n * kk * p * q)
-        self.execute(self.record_conv2d(input, (n, c, h, w), filter, (kk, c, r, s), output, (n, kk, p, q),
-                                        (sh, sw), (ph, pw)))
+        key = ("conv2d", input, (n, c, h, w), filter, (kk, r, s), output, sh, sw, ph, pw, self._api_context(True))
+        self._api_cache.run(self, key, (input, filter, output), lambda: self.record_conv2d(
+            input, (n, c, h, w), filter, (kk, c, r, s), output, (n, kk, p, q), (sh, sw), (ph, pw)))
 
     def attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int, seq_kv: int,
                   head_dim: int, scale: float, causal: bool = False) -> None:
@@ -220,8 +237,11 @@ class ComputeBackend(ABC):
         self._need(k, "k", batch * heads * seq_kv * head_dim)
         self._need(v, "v", batch * heads * seq_kv * head_dim)
         self._need(o, "o", batch * heads * seq_q * head_dim)
-        self.execute(self.record_attention(q, k, v, o, batch, heads, seq_q, seq_kv, head_dim, scale,
-                                           bool(causal)))
+        causal = bool(causal)
+        key = ("attention", q, k, v, o, batch, heads, seq_q, seq_kv, head_dim, scale, math.copysign(1.0, scale),
+               causal, self._api_context(True))
+        self._api_cache.run(self, key, (q, k, v, o), lambda: self.record_attention(
+            q, k, v, o, batch, heads, seq_q, seq_kv, head_dim, scale, causal))
 
     def reduce(self, op: Any, input: int, output: int, shape: Sequence[int], axis: int) -> None:
         """Reduce a float32 tensor of `shape` along `axis` with a ReduceOp (or its name: "sum", "max", ...)."""
@@ -235,7 +255,8 @@ class ComputeBackend(ABC):
         self._need(input, "input", total)
         self._need(output, "output", total // shape[axis])
         outer, r, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
-        self.execute(self.record_reduce(op, input, output, outer, r, inner))
+        self._api_cache.run(self, ("reduce", op.value, input, output, outer, r, inner, self._api_context(False)),
+                            (input, output), lambda: self.record_reduce(op, input, output, outer, r, inner))
 
     def unary(self, op: Any, input: int, output: int, n: int) -> None:
         """Apply a UnaryOp (or its name) to `n` float32 elements."""
@@ -244,7 +265,8 @@ class ComputeBackend(ABC):
         n = check_dim(n, "n")
         self._need(input, "input", n)
         self._need(output, "output", n)
-        self.execute(self.record_unary(op, input, output, n))
+        self._api_cache.run(self, ("unary", op.value, input, output, n, self._api_context(False)), (input, output),
+                            lambda: self.record_unary(op, input, output, n))
 
     def binary(self, op: Any, a: int, b: int, output: int, n: int) -> None:
         """Apply a BinaryOp (or its name) elementwise to `n` float32 elements of `a` and `b`."""
@@ -254,7 +276,8 @@ class ComputeBackend(ABC):
         self._need(a, "a", n)
         self._need(b, "b", n)
         self._need(output, "output", n)
-        self.execute(self.record_binary(op, a, b, output, n))
+        self._api_cache.run(self, ("binary", op.value, a, b, output, n, self._api_context(False)), (a, b, output),
+                            lambda: self.record_binary(op, a, b, output, n))
 
     # ---- what a backend provides --------------------------------------------------------------------
     @abstractmethod
@@ -550,8 +573,6 @@ class ComputeBackend(ABC):
     def gpu_time(self, steps: list, reps: int = 5) -> float:
         """Milliseconds of one run of `steps` (device time where the backend measures it; here the wall clock
         around execute + synchronize), the minimum of `reps`."""
-        import time
-
         best = math.inf
         for _ in range(max(1, reps)):
             self.synchronize()
@@ -564,8 +585,6 @@ class ComputeBackend(ABC):
     def profile(self, steps: list) -> list[float]:
         """Run steps one by one and return each one's time in milliseconds (device time where the backend can
         measure it)."""
-        import time
-
         times = []
         for st in steps:
             self.synchronize()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import re
 import string
+import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -27,14 +28,9 @@ from ...core.expr import Expr
 from ...core.view import View
 from ..base import ComputeBackend, OutOfMemoryError
 from . import device as dev
-from . import encode
+from . import encode, timing
 from .program import BUFFER_ALIGN, KERNELS, NUMPY_STORAGE, WORKGROUPS_PER_DIM, Copy, Dispatch, Replay, storage_type
 
-PROFILE_WARMUP_S = 0.05  # see profile()
-PROFILE_REPS = 3
-# gpu_time keeps stamping runs for at least this long and reports the fastest: a GPU idle for a few seconds (say
-# while a model compiles) reads several times slow for a fraction of a second of stamped runs (BENCHMARKS.md).
-GPU_TIME_MIN_S = 1.0
 # WGSL that uses f16 and so needs `enable f16;` (WgpuBackend.pipeline adds it).
 USES_F16 = re.compile(r"\bf16\b|vec[234]h\b")
 _NULL: Any = None
@@ -92,6 +88,9 @@ class WgpuBackend(ComputeBackend):
         self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
         self.max_buffer = int(self.limits["max-buffer-size"])
         self._sync_buf = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+        self._sync_staging = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.MAP_READ
+                                                       | wgpu.BufferUsage.COPY_DST)
+        self._sync_lock = threading.Lock()  # synchronize's staging buffer is mapped by one waiter at a time
 
     def device_lost(self, error: BaseException) -> bool:
         # wgpu-native says so in the validation error of the first call after the loss ("Parent device is lost").
@@ -104,6 +103,19 @@ class WgpuBackend(ComputeBackend):
     @property
     def adapter_name(self) -> str:
         return dev._describe(self.adapter)
+
+    def _api_context(self, tuned: bool) -> tuple:
+        # What the public ops' recording reads besides their arguments: wrapper encoding (prepare's form), and for
+        # gemm / conv / attention whether tiles are tuned (autotune.py's rule: a thread's autotune_scope, else
+        # EMBER_AUTOTUNE, else on for hardware adapters) and the direct-conv switch.
+        py_encode = settings.WGPU_PY_ENCODE.get()
+        if not tuned:
+            return (py_encode,)
+        tuner = getattr(self, "_autotuner", None)  # autotune.py's state for this backend, made on first use
+        tune = tuner.enabled() if tuner is not None else settings.AUTOTUNE.get()
+        if tune is None:
+            tune = self.adapter.info["adapter_type"] != "CPU"
+        return (py_encode, tune, settings.DIRECT_CONV.get())
 
     def autotune_scope(self, enabled: bool | None) -> Any:
         """A context manager: GEMM/conv tile autotune on/off (None: EMBER_AUTOTUNE, else on for hardware adapters)
@@ -156,12 +168,34 @@ class WgpuBackend(ComputeBackend):
 
     def _device_read(self, handle: int, offset: int, nbytes: int) -> memoryview:
         size = -(-nbytes // 4) * 4
-        return memoryview(self.queue.read_buffer(self._bufs[handle], offset, size)).cast("B")[:nbytes]
+        if settings.WGPU_PY_ENCODE.get() or not size:
+            return memoryview(self.queue.read_buffer(self._bufs[handle], offset, size)).cast("B")[:nbytes]
+        staging = self.device.create_buffer(size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        try:
+            return memoryview(self._read_via(self._bufs[handle], offset, size, staging))[:nbytes]
+        finally:
+            staging.destroy()
 
     def _device_synchronize(self) -> None:
         # queue.on_submitted_work_done_async is broken in wgpu-py 0.32 (callback signature mismatch);
         # mapping a buffer for reading completes only after all submitted work, so read 4 bytes.
-        self.queue.read_buffer(self._sync_buf, 0, 4)
+        if settings.WGPU_PY_ENCODE.get():
+            self.queue.read_buffer(self._sync_buf, 0, 4)
+            return
+        with self._sync_lock:
+            self._read_via(self._sync_buf, 0, 4, self._sync_staging)
+
+    def _read_via(self, src: Any, offset: int, size: int, staging: Any) -> bytes:
+        """`size` bytes of GPUBuffer `src` from `offset`, after all submitted work, through the MAP_READ buffer
+        `staging`: queue.read_buffer's one copy, submit and map, in raw calls and waited for on this thread (wgpu-py's
+        map waits through its poll thread: a hand-off per call)."""
+        lib = _raw_lib()
+        cb = encode.encode_copies(self.device, [Copy(src, offset, staging, 0, size)])
+        try:
+            _LIBF.wgpuQueueSubmit(self.queue._internal, 1, _FFI.new("WGPUCommandBuffer[1]", [cb]))
+        finally:
+            lib.wgpuCommandBufferRelease(cb)
+        return self._map_read(staging, size)
 
     def buffer(self, handle: int) -> Any:
         return self._bufs[handle]
@@ -299,72 +333,13 @@ class WgpuBackend(ComputeBackend):
         return [Copy(self._bufs[src], 0, self._bufs[dst], 0, size)]
 
     def profile(self, steps: list, method: str | None = None) -> list[float]:
-        """Per-step GPU time in ms from timestamp queries.
-
-        method "marginal" (default on hardware GPUs): what each step adds to the whole run in the stream, as
-        T(run with step i executed twice) - T(run), T from stamps bracketing the whole command buffer, min of
-        PROFILE_REPS. Stamping each step's own pass does not work there: a pass's beginning stamp is taken when
-        the pass is reached, not when earlier work has drained, and a step alone in its own submit reads several
-        times its in-stream time (BENCHMARKS.md).
-        method "isolated" (default on software adapters, where n + 1 whole runs would be slow): each step in its
-        own stamped pass and submit.
-        """
-        if "timestamp-query" not in self.features:
-            return super().profile(steps)
-        if method is None:
-            method = "isolated" if self.adapter.info["adapter_type"] == "CPU" else "marginal"
-        if method not in ("marginal", "isolated"):
-            raise ValueError(f"method: expected 'marginal' or 'isolated', got {method!r}")
-        self._warm_up(steps)
-        if method == "isolated":
-            return [self._stamped_ms([st]) for st in steps]
-        whole = min(self._stamped_ms(steps) for _ in range(PROFILE_REPS))
-        return [max(0.0, min(self._stamped_ms(steps[:i + 1] + steps[i:]) for _ in range(PROFILE_REPS)) - whole)
-                for i in range(len(steps))]
+        """Per-step GPU time in ms from timestamp queries: method "marginal" (default on hardware GPUs) or "isolated"
+        (default on software adapters); timing.py says how each works."""
+        return timing.profile(self, steps, method)
 
     def gpu_time(self, steps: list, reps: int = 5) -> float:
-        """GPU milliseconds of one run of `steps` in the stream (one command buffer between two stamps), the
-        minimum of at least `reps` (and on a hardware GPU, of GPU_TIME_MIN_S of runs) after warming the GPU up:
-        what a plan's run costs the GPU, without host time."""
-        if "timestamp-query" not in self.features:
-            return super().gpu_time(steps, reps)
-        self._warm_up(steps)
-        hardware = self.adapter.info["adapter_type"] != "CPU"
-        best, count, end = float("inf"), 0, time.perf_counter() + (GPU_TIME_MIN_S if hardware else 0.0)
-        while count < max(1, reps) or time.perf_counter() < end:
-            best = min(best, self._stamped_ms(steps))
-            count += 1
-        return best
-
-    def _warm_up(self, steps: list) -> None:
-        """Run `steps` for PROFILE_WARMUP_S on a hardware GPU before timing it: GPUs drop their clocks within
-        milliseconds of idling, and kernels timed right after the host had been busy read several times slow."""
-        if self.adapter.info["adapter_type"] == "CPU":
-            return
-        end = time.perf_counter() + PROFILE_WARMUP_S
-        while time.perf_counter() < end:
-            self.execute(steps)
-            self._device_synchronize()
-
-    def _stamped_ms(self, steps: list) -> float:
-        """GPU milliseconds of `steps` in one command buffer and submit, between a stamp in an empty pass before
-        them and one after them (the GPU is idle before: the submit is waited for)."""
-        from wgpu.backends.wgpu_native import _api
-
-        qs = self.device.create_query_set(type="timestamp", count=2)
-        resolve = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-        try:
-            encoder = self.device.create_command_encoder()
-            encoder.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 0}).end()
-            self.encode(encoder, steps)
-            encoder.begin_compute_pass(timestamp_writes={"query_set": qs, "end_of_pass_write_index": 1}).end()
-            encoder.resolve_query_set(qs, 0, 2, resolve, 0)
-            self.queue.submit([encoder.finish()])
-            t0, t1 = np.frombuffer(self.queue.read_buffer(resolve), np.uint64).astype(np.float64)
-            return max(0.0, (t1 - t0) * _api.lib.wgpuQueueGetTimestampPeriod(self.queue._internal) / 1e6)
-        finally:
-            resolve.destroy()
-            qs.destroy()
+        """GPU milliseconds of one run of `steps` in the stream, the minimum of at least `reps` (timing.py)."""
+        return timing.gpu_time(self, steps, reps)
 
     def execute(self, steps: list) -> None:
         if not steps:
