@@ -1,9 +1,11 @@
 """ONNX ops, one class per op, one op family per module; importing this package registers them all."""
 
 from . import (  # noqa: F401  (registration)
+    attention_onnx,
     bitwise,
     causal_conv,
     constant,
+    contrib,
     control,
     conv,
     conv_transpose,

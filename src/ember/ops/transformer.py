@@ -17,7 +17,7 @@ from .base import Context, Op, Tensor, declare_counters, norm_axis, register
 from .elementwise import emit
 from .normalization import normalize
 from .reduce import reduce_axes
-from .shape import copy_into, reshape_view
+from .shape import reshape_view
 
 EMBER = "ai.ember"
 PATTERNS = ("rmsnorm", "layernorm", "softmax", "gelu", "attention")
@@ -185,7 +185,7 @@ def attention(ctx: Context, op: Op, q: Tensor, k: Tensor, v: Tensor, mask: Tenso
     faster there); the plain decomposition where the backend has neither ("attention.fallback").
     """
     b, hq, sq, d = q.shape
-    hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
+    skv, dv = k.shape[2], v.shape[3]
     shape = (b, hq, sq, dv)
     mview = None
     if mask is not None:
@@ -207,18 +207,11 @@ def attention(ctx: Context, op: Op, q: Tensor, k: Tensor, v: Tensor, mask: Tenso
             return out
     gemm = fused
     ctx.count("attention.gemm" if gemm else "attention.fallback")
-    rep = hq // hkv
-    kv_, vv_ = ctx.view(k), ctx.view(v)
-    if rep > 1:  # each kv head serves `rep` query heads: a broadcast view, no copy
-        kv_ = View(kv_.handle, kv_.dtype, (b, hkv, rep, skv, d), kv_.strides[:2] + (0,) + kv_.strides[2:], kv_.offset)
-        vv_ = View(vv_.handle, vv_.dtype, (b, hkv, rep, skv, dv), vv_.strides[:2] + (0,) + vv_.strides[2:], vv_.offset)
-        kt = ctx.contiguous(Tensor(k.dtype, kv_.shape, view=kv_)).merged((b, hq, skv, d))
-        vt = ctx.contiguous(Tensor(v.dtype, vv_.shape, view=vv_)).merged((b, hq, skv, dv))
-        kv_, vv_ = kt, vt
+    kv_, vv_ = expand_kv_heads(ctx, k, v, hq)
     qv = ctx.view(q)
     scores = ctx.new(q.dtype, (b, hq, sq, skv))
     q3 = ctx.contiguous(Tensor(q.dtype, q.shape, view=qv)).merged((b * hq, sq, d))
-    k3 = ctx.contiguous(Tensor(k.dtype, kv_.shape, view=kv_)).merged((b * hq, skv, d))
+    k3 = kv_.merged((b * hq, skv, d))
     additive = None
     if causal:
         i = np.arange(sq)[:, None]
@@ -243,10 +236,24 @@ def attention(ctx: Context, op: Op, q: Tensor, k: Tensor, v: Tensor, mask: Tenso
     if mask is not None or (causal and sq > skv):
         # A row that sees no key gives zeros (softmax of all -inf is NaN): the fused kernel's rule.
         p = emit(ctx, op, call("where", call("isnan", inp(0)), const(0.0), inp(0)), [p], q.dtype)
-    v3 = ctx.contiguous(Tensor(v.dtype, vv_.shape, view=vv_)).merged((b * hq, skv, dv))
+    v3 = vv_.merged((b * hq, skv, dv))
     p3 = ctx.contiguous(p).merged((b * hq, sq, skv))
     ctx.record(ctx.backend.record_matmul(p3, v3, out.view.merged((b * hq, sq, dv))))
     return out
+
+
+def expand_kv_heads(ctx: Context, k: Tensor, v: Tensor, hq: int) -> tuple[View, View]:
+    """K and V as contiguous (B, hq, S, D) views: with fewer kv heads (GQA) each serves hq / hkv query heads in
+    turn ([h0, h0, h1, h1, ...]), copied from a broadcast view."""
+    b, hkv, skv, d = k.shape
+    dv, rep = v.shape[3], hq // hkv
+    kv_, vv_ = ctx.view(k), ctx.view(v)
+    if rep > 1:
+        kv_ = View(kv_.handle, kv_.dtype, (b, hkv, rep, skv, d), kv_.strides[:2] + (0,) + kv_.strides[2:], kv_.offset)
+        vv_ = View(vv_.handle, vv_.dtype, (b, hkv, rep, skv, dv), vv_.strides[:2] + (0,) + vv_.strides[2:], vv_.offset)
+    kt = ctx.contiguous(Tensor(k.dtype, kv_.shape, view=kv_)).merged((b, hq, skv, d))
+    vt = ctx.contiguous(Tensor(v.dtype, vv_.shape, view=vv_)).merged((b, hq, skv, dv))
+    return kt, vt
 
 
 @register("Attention", 1, EMBER)
@@ -273,71 +280,3 @@ class EmberAttention(Op):
         k = Tensor(kt.dtype, (kt.shape[0], kt.shape[1], kt.shape[3], kt.shape[2]),
                    view=ctx.view(kt).permute((0, 1, 3, 2)))
         return [attention(ctx, self, q, k, v, mask, self.attr["scale"], False)]
-
-
-@register("Attention", 23)
-class Attention(Op):
-    """ONNX Attention-23: 4-D (B, H, S, D) or 3-D (B, S, H*D) inputs, boolean or additive mask, causal,
-    grouped-query heads, past key/value concatenated in front."""
-    f16 = True
-
-    attrs = {"is_causal": 0, "kv_num_heads": None, "q_num_heads": None, "qk_matmul_output_mode": 0, "scale": None,
-             "softcap": 0.0, "softmax_precision": None}
-
-    def run(self, ctx: Context, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-            past_k: Tensor | None = None, past_v: Tensor | None = None, *rest: Tensor | None) -> list[Tensor]:
-        outs = [o for o in self.node.outputs]
-        if len(outs) > 3 and outs[3]:
-            raise self.fail("the qk_matmul_output output is not supported")
-        if self.attr["softcap"]:
-            raise self.fail("softcap is not supported")
-        if any(r is not None for r in rest):
-            raise self.fail("nonpad_kv_seqlen is not supported")
-        three_d = q.rank == 3
-        if three_d:
-            hq, hkv = self.attr["q_num_heads"], self.attr["kv_num_heads"]
-            q = self._heads(ctx, q, hq)
-            k, v = self._heads(ctx, k, hkv), self._heads(ctx, v, hkv)
-        past = past_k.shape[2] if past_k is not None else 0
-        if past_k is not None:
-            k = self._concat(ctx, past_k, k)
-            v = self._concat(ctx, past_v, v)
-        scale = self.attr["scale"] if self.attr["scale"] is not None else 1.0 / math.sqrt(q.shape[3])
-        if mask is not None and mask.shape[-1] < k.shape[2]:  # a mask shorter than the keys pads with -inf
-            raise self.fail("an attention mask shorter than the key sequence is not supported")
-        causal = bool(self.attr["is_causal"])
-        sq, skv = q.shape[2], k.shape[2]
-        if causal and past != skv - sq:
-            # ONNX aligns the causal frontier at the past length (top-left without a cache); the kernel's flag
-            # is bottom-right aligned, so other alignments become an additive mask.
-            i, j = np.arange(sq)[:, None], np.arange(skv)[None, :]
-            frontier = ctx.const(np.where(j <= i + past, 0.0, -np.inf).astype(q.dtype))
-            if mask is not None and mask.dtype == np.bool_:
-                mask = emit(ctx, self, call("where", inp(0, "bool"), const(0.0), const(-math.inf)), [mask], q.dtype)
-            mask = frontier if mask is None else emit(ctx, self, call("add", inp(0), inp(1)), [mask, frontier],
-                                                      q.dtype)
-            causal = False
-        y = attention(ctx, self, q, k, v, mask, scale, causal)
-        if three_d:
-            b, h, s, dv = y.shape
-            moved = Tensor(y.dtype, (b, s, h, dv), view=ctx.view(y).permute((0, 2, 1, 3)))
-            y = reshape_view(ctx, moved, (b, s, h * dv))
-        result = [y]
-        if len(outs) > 1 and outs[1]:
-            result += [k, v]
-        return result
-
-    def _heads(self, ctx: Context, t: Tensor, heads: int) -> Tensor:
-        b, s, hd = t.shape
-        split = reshape_view(ctx, t, (b, s, heads, hd // heads))
-        return Tensor(t.dtype, (b, heads, s, hd // heads), view=ctx.view(split).permute((0, 2, 1, 3)))
-
-    def _concat(self, ctx: Context, past: Tensor, new: Tensor) -> Tensor:
-        """past ++ new along the sequence axis (the present key/value)."""
-        shape = past.shape[:2] + (past.shape[2] + new.shape[2],) + past.shape[3:]
-        out = ctx.new(new.dtype, shape)
-        st = out.view.strides
-        if past.size:
-            copy_into(ctx, ctx.view(past), View(out.view.handle, out.dtype, past.shape, st, 0))
-        copy_into(ctx, ctx.view(new), View(out.view.handle, out.dtype, new.shape, st, past.shape[2] * st[2]))
-        return out
