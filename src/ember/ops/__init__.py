@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (registration)
     deform_conv,
     elementwise,
     gather,
+    gqa,
     grid_sample,
     host,
     linalg,
