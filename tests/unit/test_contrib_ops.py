@@ -321,7 +321,7 @@ def test_bias_gelu_bad_bias() -> None:
 BERT_CFG = dict(layers=2, hidden=32, heads=2, ff=64, vocab=100, positions=64)
 # The com.microsoft ops the optimizer's default BERT fusions emit that ember does not implement: the fused attention
 # (on an eager-attention export; it does not match the SDPA export's mask pattern) and the embedding layer.
-OPTIMIZER_UNSUPPORTED = ["Attention", "EmbedLayerNormalization"]
+OPTIMIZER_FUSED = ["Attention", "EmbedLayerNormalization"]
 
 
 def _optimize(path: Any, heads: int, hidden: int, fuse_attention: bool = True) -> onnx.ModelProto:
@@ -398,14 +398,12 @@ def test_bert_eager_export_without_attention_fusion(backend_name: str, _bert_dep
     check(model, [cfg.feeds(2, 8), cfg.feeds(1, 5, seed=1)], backend_name)
 
 
-@pytest.mark.xfail(raises=NotImplementedError, strict=True,
-                   reason=f"the optimizer's fused BERT uses com.microsoft ops ember lacks: {OPTIMIZER_UNSUPPORTED}")
-def test_bert_eager_export_fully_fused(_bert_deps: None) -> None:
+def test_bert_eager_export_fully_fused(backend_name: str, _bert_deps: None) -> None:
+    """The optimizer's full fusion (EmbedLayerNormalization, com.microsoft Attention with the mask as lengths):
+    equal to ONNX Runtime on the same optimized graph, padded batches included."""
     path, cfg = _eager_bert()
     model = _optimize(path, cfg.heads, cfg.hidden)
-    assert _contrib_ops(model) == sorted(["BiasGelu", "SkipLayerNormalization", *OPTIMIZER_UNSUPPORTED])
-    try:
-        ember.load_onnx(model.SerializeToString(), backend="cpu")
-    except NotImplementedError as e:
-        assert all(op in str(e) for op in OPTIMIZER_UNSUPPORTED), e
-        raise
+    assert _contrib_ops(model) == sorted(["BiasGelu", "SkipLayerNormalization", *OPTIMIZER_FUSED])
+    padded = cfg.feeds(2, 8)
+    padded["attention_mask"][1, 5:] = 0
+    check(model, [cfg.feeds(2, 8), cfg.feeds(1, 5, seed=1), padded], backend_name)

@@ -20,6 +20,7 @@ from . import (  # noqa: F401  (registration)
     loss,
     mask,
     ml,
+    ms_attention,
     normalization,
     pad,
     pool,
