@@ -91,3 +91,51 @@ def test_left_padding_mask_index_is_named() -> None:
     em = ember.load_onnx(m, backend="cpu")
     with pytest.raises(NotImplementedError, match=r"Attention .*node 'att'\): a mask_index of shape \[4\]"):
         em.run({"x": np.zeros((2, 3, HIN), np.float32), "m": np.array([3, 3, 0, 0], np.int32)})
+
+
+def mha_model(mask: str | None = None, past: bool = False, bias: bool = False, cross4d: bool = False,
+              unidirectional: int = 0) -> onnx.ModelProto:
+    hd = H // HEADS
+    ins = [helper.make_tensor_value_info("q", F, ["B", "S", H])]
+    if cross4d:
+        ins += [helper.make_tensor_value_info(n, F, ["B", HEADS, "L", hd]) for n in ("k", "v")]
+    else:
+        ins += [helper.make_tensor_value_info(n, F, ["B", "L", H]) for n in ("k", "v")]
+    names = ["q", "k", "v", "bias" if bias else ""]
+    inits = [numpy_helper.from_array(np.random.default_rng(4).standard_normal(3 * H).astype(np.float32), "bias")] \
+        if bias else []
+    if mask == "lengths":
+        ins.append(helper.make_tensor_value_info("m", I32, ["B"]))
+    elif mask == "raw2d":
+        ins.append(helper.make_tensor_value_info("m", I32, ["B", "T"]))
+    names.append("m" if mask else "")
+    names.append("")  # attention_bias
+    if past:
+        ins += [helper.make_tensor_value_info(n, F, ["B", HEADS, "P", hd]) for n in ("pk", "pv")]
+        names += ["pk", "pv"]
+    while not names[-1]:
+        names.pop()
+    outs = ["y"] + (["present_k", "present_v"] if past else [])
+    node = helper.make_node("MultiHeadAttention", names, outs, domain="com.microsoft", num_heads=HEADS,
+                            unidirectional=unidirectional)
+    graph = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info(o, F, None) for o in outs], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft",
+                                                                                                    1)])
+
+
+@pytest.mark.parametrize("variant", [{}, {"bias": True}, {"mask": "lengths"}, {"mask": "raw2d"},
+                                     {"past": True, "unidirectional": 1}, {"cross4d": True}],
+                         ids=lambda v: "-".join(f"{k}" for k in v) or "plain")
+def test_multi_head_attention(backend_name: str, variant: dict) -> None:
+    rng = np.random.default_rng(5)
+    b, s, length = 2, 3, 3 if variant.get("past") else 5
+    f = {"q": rng.standard_normal((b, s, H)).astype(np.float32)}
+    shape = (b, HEADS, length, H // HEADS) if variant.get("cross4d") else (b, length, H)
+    f |= {n: rng.standard_normal(shape).astype(np.float32) for n in ("k", "v")}
+    if variant.get("mask") == "lengths":
+        f["m"] = np.array([5, 2], np.int32)
+    elif variant.get("mask") == "raw2d":
+        f["m"] = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32)
+    if variant.get("past"):
+        f |= {n: rng.standard_normal((b, HEADS, 4, H // HEADS)).astype(np.float32) for n in ("pk", "pv")}
+    compare(mha_model(**variant), backend_name, [f])

@@ -126,7 +126,7 @@ class MsAttention(_Contrib):
             k = self._concat(ctx, slice_view(ctx, past, 0, 0, 1), k)
             v = self._concat(ctx, slice_view(ctx, past, 0, 1, 2), v)
         t = p + s
-        additive = self._mask(ctx, mask, b, s, t, x.dtype)
+        additive = additive_mask(ctx, self, mask, b, s, t, x.dtype)
         if attn_bias is not None:
             additive = attn_bias if additive is None else emit(ctx, self, call("add", inp(0), inp(1)),
                                                                [additive, attn_bias], x.dtype)
@@ -160,20 +160,99 @@ class MsAttention(_Contrib):
         copy_into(ctx, ctx.view(new), View(out.view.handle, out.dtype, new.shape, st, past.shape[2] * st[2]))
         return out
 
-    def _mask(self, ctx: Context, mask: Tensor | None, b: int, s: int, t: int, dt: np.dtype) -> Tensor | None:
-        """The mask as an additive (batch, 1, S or 1, T) bias: lengths (batch,) -> keys at or past the length get
-        mask_filter_value; a raw (batch, T) or (batch, S, T) mask of 1 = attend, 0 = masked likewise."""
-        if mask is None:
-            return None
-        fill = float(self.attr["mask_filter_value"])
-        if mask.rank == 1 and mask.shape[0] == b:
-            j = ctx.const(np.arange(t, dtype=np.int64).reshape(1, 1, 1, t))
-            ends = reshape_view(ctx, mask, (b, 1, 1, 1))
-            return emit(ctx, self, call("where", call("lt", inp(0, INT), inp(1, INT)), const(0.0), const(fill)),
-                        [j, ends], dt)
-        if mask.rank in (2, 3) and mask.shape[0] == b and mask.shape[-1] == t:
-            raw = reshape_view(ctx, mask, (b, 1, 1, t) if mask.rank == 2 else (b, 1, *mask.shape[1:]))
-            kind = "bool" if mask.dtype == np.bool_ else INT if mask.dtype.kind in "iu" else "float"
-            zero = const(False, "bool") if kind == "bool" else const(0, INT) if kind == INT else const(0.0)
-            return emit(ctx, self, call("where", call("eq", inp(0, kind), zero), const(fill), const(0.0)), [raw], dt)
-        raise self.fail(f"a mask_index of shape {list(mask.shape)} (left padding or 4-D masks) is not supported")
+
+@register("MultiHeadAttention", 1, MS)
+class MultiHeadAttention(_Contrib):
+    """Multi-head attention over projected Q, K, V: (batch, sequence, heads * head) each, or K and V already in
+    (batch, heads, kv_sequence, head) (a cross-attention cache); bias added to the three before the heads split;
+    key_padding_mask as lengths (batch,) or raw (batch, kv); attention_bias; a past key/value concatenated in front
+    (present = past ++ new). Packed QKV/KV inputs and cache_indirection are not supported."""
+
+    f16 = True
+    arity = (1, 10)
+    max_outputs = 3
+    attrs: ClassVar[dict[str, Any]] = {"num_heads": None, "mask_filter_value": -10000.0, "scale": None,
+                                       "unidirectional": 0}
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        if not self.attr["num_heads"]:
+            raise ValueError(f"{node.describe()}: the num_heads attribute is required")
+        if len(node.inputs) < 3 or not node.inputs[1] or not node.inputs[2]:
+            raise self.fail("packed QKV or KV (no separate key and value inputs) is not supported")
+        if any(len(node.inputs) > i and node.inputs[i] for i in (8, 9)):
+            raise self.fail("past_sequence_length / cache_indirection (shared buffers, beam search) are not supported")
+
+    def run(self, ctx: Context, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None,
+            mask: Tensor | None = None, attn_bias: Tensor | None = None, past_k: Tensor | None = None,
+            past_v: Tensor | None = None, *rest: Tensor | None) -> list[Tensor | None]:
+        d = self.node.describe()
+        heads = int(self.attr["num_heads"])
+        if q.rank != 3:
+            raise ValueError(f"{d}: query must be (batch, sequence, hidden), got {list(q.shape)}")
+        b, s, hq = q.shape
+        head = hq // heads
+        if bias is not None:
+            if bias.rank != 1 or (k.rank == 3 and bias.shape[0] != hq + k.shape[2] + v.shape[2]):
+                raise ValueError(f"{d}: bias must be 1-D (q + k + v hidden), got {list(bias.shape)}")
+            q = emit(ctx, self, call("add", inp(0), inp(1)), [q, slice_view(ctx, bias, 0, 0, hq)], q.dtype)
+        if k.rank == 3:
+            if bias is not None:
+                nk, nv = k.shape[2], v.shape[2]
+                k = emit(ctx, self, call("add", inp(0), inp(1)), [k, slice_view(ctx, bias, 0, hq, hq + nk)], k.dtype)
+                v = emit(ctx, self, call("add", inp(0), inp(1)), [v, slice_view(ctx, bias, 0, hq + nk, hq + nk + nv)],
+                         v.dtype)
+            k, v = _split_heads(ctx, k, heads), _split_heads(ctx, v, heads)
+        elif k.rank != 4 or v.rank != 4 or k.shape[1] != heads:
+            raise ValueError(f"{d}: key and value must be (batch, kv, hidden) or (batch, {heads}, kv, head), got "
+                             f"{list(k.shape)} and {list(v.shape)}")
+        q4 = _split_heads(ctx, q, heads)
+        if (past_k is None) != (past_v is None):
+            raise ValueError(f"{d}: past_key and past_value must be given together")
+        if past_k is not None and past_k.shape[2]:
+            k, v = _concat_seq(ctx, past_k, k), _concat_seq(ctx, past_v, v)
+        t = k.shape[2]
+        additive = additive_mask(ctx, self, mask, b, s, t, q.dtype)
+        if attn_bias is not None:
+            additive = attn_bias if additive is None else emit(ctx, self, call("add", inp(0), inp(1)),
+                                                               [additive, attn_bias], q.dtype)
+        scale = self.attr["scale"] if self.attr["scale"] is not None else 1.0 / float(np.sqrt(head))
+        y = attention(ctx, self, q4, k, v, additive, scale, bool(self.attr["unidirectional"]))
+        dv = v.shape[3]
+        moved = Tensor(y.dtype, (b, s, heads, dv), view=ctx.view(y).permute((0, 2, 1, 3)))
+        return [reshape_view(ctx, moved, (b, s, heads * dv)), k if _wanted(self, 1) else None,
+                v if _wanted(self, 2) else None]
+
+
+def _split_heads(ctx: Context, t: Tensor, heads: int) -> Tensor:
+    b, s, n = t.shape
+    split = reshape_view(ctx, t, (b, s, heads, n // heads))
+    return Tensor(t.dtype, (b, heads, s, n // heads), view=ctx.view(split).permute((0, 2, 1, 3)))
+
+
+def _concat_seq(ctx: Context, past: Tensor, new: Tensor) -> Tensor:
+    shape = past.shape[:2] + (past.shape[2] + new.shape[2],) + past.shape[3:]
+    out = ctx.new(new.dtype, shape)
+    st = out.view.strides
+    copy_into(ctx, ctx.view(past), View(out.view.handle, out.dtype, past.shape, st, 0))
+    copy_into(ctx, ctx.view(new), View(out.view.handle, out.dtype, new.shape, st, past.shape[2] * st[2]))
+    return out
+
+
+def additive_mask(ctx: Context, op: Op, mask: Tensor | None, b: int, s: int, t: int, dt: np.dtype) -> Tensor | None:
+    """The mask as an additive (batch, 1, S or 1, T) bias: lengths (batch,) -> keys at or past the length get
+    mask_filter_value; a raw (batch, T) or (batch, S, T) mask of 1 = attend, 0 = masked likewise."""
+    if mask is None:
+        return None
+    fill = float(op.attr["mask_filter_value"])
+    if mask.rank == 1 and mask.shape[0] == b:
+        j = ctx.const(np.arange(t, dtype=np.int64).reshape(1, 1, 1, t))
+        ends = reshape_view(ctx, mask, (b, 1, 1, 1))
+        return emit(ctx, op, call("where", call("lt", inp(0, INT), inp(1, INT)), const(0.0), const(fill)),
+                    [j, ends], dt)
+    if mask.rank in (2, 3) and mask.shape[0] == b and mask.shape[-1] == t:
+        raw = reshape_view(ctx, mask, (b, 1, 1, t) if mask.rank == 2 else (b, 1, *mask.shape[1:]))
+        kind = "bool" if mask.dtype == np.bool_ else INT if mask.dtype.kind in "iu" else "float"
+        zero = const(False, "bool") if kind == "bool" else const(0, INT) if kind == INT else const(0.0)
+        return emit(ctx, op, call("where", call("eq", inp(0, kind), zero), const(fill), const(0.0)), [raw], dt)
+    raise op.fail(f"a mask_index of shape {list(mask.shape)} (left padding or 4-D masks) is not supported")
