@@ -84,3 +84,14 @@ def test_nonzero_of_constants_folds_without_stages() -> None:
     em = ember.load_onnx(model(nodes, [vi("x", shape=[2])], [vi("y")], [c]), backend="cpu")
     np.testing.assert_allclose(em.run({"x": np.zeros(2, np.float32)})["y"], [4.0, 4.0])  # indices 0,1,1 / 1,0,1
     assert "stages" not in em.plan_info()
+
+
+@pytest.mark.parametrize("sorted_", [1, 0])
+def test_unique_then_device_work(backend_name: str, sorted_: int) -> None:
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Unique", ["r"], ["u", "first", "inverse", "counts"], sorted=sorted_),
+             helper.make_node("Mul", ["u", "u"], ["y"])]
+    m = model(nodes, [vi("x", shape=["N"])], [vi("y"), vi("first", TensorProto.INT64),
+                                              vi("inverse", TensorProto.INT64), vi("counts", TensorProto.INT64)])
+    rng = np.random.default_rng(3)
+    compare(m, backend_name, [{"x": rng.integers(-3, 4, n).astype(np.float32)} for n in (1, 7, 12)])

@@ -77,3 +77,30 @@ class NonMaxSuppression(HostOp):
                     kept.append(int(i))
                 out += [(n, c, i) for i in kept]
         return [np.array(out, dtype=np.int64).reshape(-1, 3)]
+
+
+@register("Unique", 11)
+class Unique(HostOp):
+    """The distinct values (or slices along `axis`), sorted or in order of first occurrence, with the index of
+    each one's first occurrence, each input element's index into them, and their counts (all int64)."""
+
+    attrs = {"axis": None, "sorted": 1}
+
+    def compute(self, x: np.ndarray | None) -> list[np.ndarray]:
+        assert x is not None
+        axis = self.attr["axis"]
+        if axis is not None:
+            if not -x.ndim <= axis < x.ndim:
+                raise ValueError(f"{self.node.describe()}: axis {axis} is out of range for rank {x.ndim}")
+            axis %= x.ndim
+        flat = x.reshape(-1) if axis is None else x
+        y, first, inverse, counts = np.unique(flat, return_index=True, return_inverse=True, return_counts=True,
+                                              axis=axis)
+        inverse = inverse.reshape(-1)
+        if not self.attr["sorted"]:  # in order of first occurrence
+            order = np.argsort(first, kind="stable")
+            rank = np.empty_like(order)
+            rank[order] = np.arange(order.size)
+            first, counts, inverse = first[order], counts[order], rank[inverse]
+            y = np.take(flat, first, axis=0 if axis is None else axis)
+        return [y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)]
