@@ -188,6 +188,19 @@ class _Matcher:
     def single(self, name: str) -> bool:
         return self.uses.get(name, 0) == 1 and name not in {o.name for o in self.graph.outputs}
 
+    def nan_guard(self, name: str) -> tuple[str, list[str]] | None:
+        """(p, [the guard's values]) if `name` is Where(IsNaN(p), 0, p) and p is read by the guard only."""
+        w = self.node(name, "Where")
+        if w is None or len(w.inputs) != 3 or not self.single(name):
+            return None
+        isnan = self.node(w.inputs[0], "IsNaN")
+        p = w.inputs[2]
+        if isnan is None or isnan.inputs[0] != p or self.scalar(w.inputs[1]) != 0.0 or not self.single(w.inputs[0]):
+            return None
+        if self.uses.get(p, 0) != 2 or p in {o.name for o in self.graph.outputs}:
+            return None
+        return p, [w.inputs[0]]
+
     def mean_axes(self, n: Node) -> list[int] | None:
         if n.attrs.get("keepdims", 1) != 1:
             return None
@@ -447,10 +460,16 @@ def fuse_attention(graph: Graph) -> int:
         for pv in graph.nodes:
             if pv.op_type != "MatMul" or pv.domain:
                 continue
-            sm = m.node(pv.inputs[0], "Softmax")
-            if sm is None or not m.single(pv.inputs[0]) or sm.attrs.get("axis", -1 if sm.opset >= 13 else 1) != -1:
+            probs, dead = pv.inputs[0], {pv.inputs[0]}
+            guarded = m.nan_guard(probs)  # Where(IsNaN(p), 0, p): a row no key may see gives zeros, as the kernel
+            if guarded is not None:
+                probs, names = guarded
+                dead.update(names)
+            sm = m.node(probs, "Softmax")
+            if sm is None or not (guarded is not None or m.single(probs)) or \
+                    sm.attrs.get("axis", -1 if sm.opset >= 13 else 1) != -1:
                 continue
-            dead = {pv.inputs[0]}
+            dead.add(probs)
             cur, mask, scale = sm.inputs[0], "", 1.0
             add = m.node(cur, "Add")
             if add is not None and m.single(cur):
@@ -474,6 +493,18 @@ def fuse_attention(graph: Graph) -> int:
                 continue
             dead.add(cur)
             q, kt = qk.inputs
+            # torch's scaled_dot_product_attention export scales both operands by sqrt(scale): (Q * a) @ (Kᵀ * b).
+            for i, operand in enumerate((q, kt)):
+                mul = m.node(operand, "Mul")
+                if mul is None or not m.single(operand):
+                    continue
+                for x, c in (mul.inputs, mul.inputs[::-1]):
+                    value = m.scalar(c)
+                    if value is not None:
+                        scale *= value
+                        dead.add(operand)
+                        q, kt = (x, kt) if i == 0 else (q, x)
+                        break
             new = Node("Attention", EMBER_DOMAIN, [q, kt, pv.inputs[1], mask], list(pv.outputs),
                        {"scale": float(scale)}, f"{pv.name}/attention", 1)
             _replace(graph, dead, new, pv)
