@@ -112,6 +112,23 @@ def check_load_options(backend: Any, fuse: Any, precision: Any, plan_cache_bytes
     return check_plan_cache_bytes(plan_cache_bytes)
 
 
+def _host_value(name: str, value: Any, kind: str) -> Any:
+    if kind == "optional" and value is None:
+        return None
+    if kind == "sequence":
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"input {name!r}: a sequence input takes a list of arrays, got {type(value).__name__}")
+        return [host_array(name, v) for v in value]
+    return host_array(name, value)
+
+
+def _shape_key(v: Any) -> Any:
+    """What a plan is keyed by for a feed: its shape; a sequence's element shapes; () for an empty optional."""
+    if isinstance(v, list):
+        return ("sequence", tuple(tuple(np.shape(x)) for x in v))
+    return () if v is None else tuple(v.shape)
+
+
 def cast_feed(name: str, value: Any, expected: np.dtype) -> np.ndarray:
     """The casting rule for feeds: a value converts only within its kind (float->float, int->int at a
     width that holds every value, bool->bool). int->float, float->int or anything -> bool is refused,
@@ -119,6 +136,10 @@ def cast_feed(name: str, value: Any, expected: np.dtype) -> np.ndarray:
     arr = host_array(name, value)  # torch tensors, __array__ and __dlpack__ objects too (ember.interop)
     if arr.dtype == expected:
         return arr
+    if expected.kind == "O":  # strings: any text array (they run on the host, ops/reference.py)
+        if arr.dtype.kind not in "USO":
+            raise ValueError(f"input {name!r}: expected strings, got dtype {arr.dtype}")
+        return arr.astype(object)
     kinds = {"f": "f", "i": "i", "u": "i", "b": "b"}
     got_kind, want_kind = kinds.get(arr.dtype.kind), kinds.get(expected.kind)
     if got_kind is None or got_kind != want_kind:
@@ -172,7 +193,7 @@ class Model:
         self.rewrites: dict[str, int] = {}
         self._host_inputs = host_value_inputs(graph)
         for vi in graph.inputs:
-            if vi.dtype is None:
+            if vi.dtype is None and vi.kind == "tensor":
                 raise ValueError(f"input {vi.name!r}: the model declares no tensor dtype")
         # Feeds that are numpy arrays of the declared dtype and static shape, C-contiguous, pass _check_feeds in
         # a few comparisons; anything else takes the full check, which casts or says what is wrong.
@@ -273,8 +294,12 @@ class Model:
             raise ValueError(f"missing input(s) {missing}; the model's inputs are {[i.name for i in self.inputs]}")
         out = {}
         symbols: dict[str, int] = {}
+        kinds = {vi.name: vi.kind for vi in self.graph.inputs}
         for info in self.inputs:
             value = feeds[info.name]
+            if kinds[info.name] != "tensor":  # a sequence (list of arrays) or an optional (array or None)
+                out[info.name] = _host_value(info.name, value, kinds[info.name])
+                continue
             if isinstance(value, DeviceArray):
                 if value.backend is not self._be:
                     raise ValueError(f"input {info.name!r}: a device array of another backend object; pass "
@@ -314,7 +339,7 @@ class Model:
             if bad:
                 raise ValueError(f"unknown output name(s) {bad}; the model's outputs are {known}")
         with self._lock, self._device_errors():
-            plan = self._plan({k: v.shape for k, v in arrays.items()}, arrays)
+            plan = self._plan({k: _shape_key(v) for k, v in arrays.items()}, arrays)
             result = plan.run(arrays, output_names, keep_on_device)
             if self._staged:  # its stages' plans are built as the data comes: what the cache holds grows
                 self._plan_bytes = sum(p.device_bytes for p in self._plans.values())

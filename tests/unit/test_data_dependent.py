@@ -95,3 +95,45 @@ def test_unique_then_device_work(backend_name: str, sorted_: int) -> None:
                                               vi("inverse", TensorProto.INT64), vi("counts", TensorProto.INT64)])
     rng = np.random.default_rng(3)
     compare(m, backend_name, [{"x": rng.integers(-3, 4, n).astype(np.float32)} for n in (1, 7, 12)])
+
+
+def test_strings_run_on_the_host_and_are_listed(backend_name: str) -> None:
+    """StringConcat -> LabelEncoder (string -> int) -> device work: a string input, host steps listed."""
+    suffix = numpy_helper.from_array(np.array(["_x"], dtype=object), "suffix")
+    nodes = [helper.make_node("StringConcat", ["s", "suffix"], ["n"]),
+             helper.make_node("LabelEncoder", ["n"], ["ids"], domain="ai.onnx.ml", keys_strings=["a_x", "b_x", "c_x"],
+                              values_int64s=[1, 2, 3], default_int64=0),
+             helper.make_node("Cast", ["ids"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["f", "f"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [vi("s", TensorProto.STRING, ["N"])], [vi("y"), vi("n", TensorProto.STRING)],
+                              [suffix])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("ai.onnx.ml", 2)])
+    feeds = [{"s": np.array(["a", "b", "zz", "c"], dtype=object)}, {"s": np.array(["c"], dtype=object)}]
+    em = ember.load_onnx(m, backend=backend_name)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for f in feeds:
+        got, want = em.run(f), sess.run(None, f)
+        np.testing.assert_array_equal(got["y"], want[0])
+        assert list(got["n"]) == list(want[1])
+    assert em.plan_info(feeds[0])["host_nodes"] == ["StringConcat_0", "LabelEncoder_1"]
+
+
+def test_sequences_between_device_work(backend_name: str) -> None:
+    """Relu -> SplitToSequence -> SequenceAt / ConcatFromSequence -> device work; a sequence output is a list."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("SplitToSequence", ["r"], ["seq"], axis=0, keepdims=1),
+             helper.make_node("SequenceAt", ["seq", "one"], ["row"]),
+             helper.make_node("ConcatFromSequence", ["seq"], ["cat"], axis=1),
+             helper.make_node("Add", ["row", "row"], ["y"])]
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    seq_out = helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)
+    m = model(nodes, [vi("x", shape=["N", 3])], [vi("y"), vi("cat"), seq_out], [one])
+    em = ember.load_onnx(m, backend=backend_name)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(4).standard_normal((3, 3)).astype(np.float32)
+    got, want = em.run({"x": x}), sess.run(None, {"x": x})
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-6)
+    np.testing.assert_allclose(got["cat"], want[1], rtol=1e-6)
+    assert isinstance(got["seq"], list) and len(got["seq"]) == 3
+    for a, b in zip(got["seq"], want[2], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)

@@ -41,6 +41,7 @@ __all__ = ["BinaryOp", "ComputeBackend", "ConvKernel", "DeviceLostError", "OutOf
            "View", "as_enum", "check_dim", "check_pair", "check_shape"]
 
 F32 = 4  # bytes per float32 element
+f32 = np.dtype(np.float32)  # the public ops' element type
 
 
 class ComputeBackend(ABC):
@@ -135,10 +136,8 @@ class ComputeBackend(ABC):
     def _need(self, handle: int, arg: str, elems: int, itemsize: int = F32) -> None:
         size = self.nbytes(handle, arg)
         if elems * itemsize > size:
-            raise ValueError(
-                f"{arg}: allocation of {size} bytes is smaller than the {elems * itemsize} bytes "
-                f"({elems} elements) this op needs"
-            )
+            raise ValueError(f"{arg}: allocation of {size} bytes is smaller than the {elems * itemsize} bytes "
+                             f"({elems} elements) this op needs")
 
     def copy_htod(self, dst_handle: int, src: Any) -> None:
         """Copy a host array or bytes-like object into the start of an allocation (it must fit)."""
@@ -330,7 +329,6 @@ class ComputeBackend(ABC):
     def record_gemm(self, trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float, a: int,
                     lda: int, b: int, ldb: int, beta: float, c: int, ldc: int) -> list:
         """gemm()'s steps (arguments already checked), as a matmul over strided Views."""
-        f32 = np.dtype(np.float32)
         av = View(a, f32, (1, m, k), (0, 1, lda) if trans_a else (0, lda, 1))
         bv = View(b, f32, (1, k, n), (0, 1, ldb) if trans_b else (0, ldb, 1))
         cv = View(c, f32, (1, m, n), (0, ldc, 1))
@@ -339,7 +337,6 @@ class ComputeBackend(ABC):
     def record_conv2d(self, input: int, input_shape: tuple, filter: int, filter_shape: tuple, output: int,
                       output_shape: tuple, stride: tuple, padding: tuple) -> list:
         """conv2d_forward()'s steps (arguments already checked), through record_conv."""
-        f32 = np.dtype(np.float32)
         return self.record_conv(View.contiguous(input, f32, input_shape), View.contiguous(filter, f32, filter_shape),
                                 None, View.contiguous(output, f32, output_shape), stride,
                                 (padding[0], padding[1], padding[0], padding[1]), (1, 1), 1)
@@ -347,7 +344,6 @@ class ComputeBackend(ABC):
     def record_attention(self, q: int, k: int, v: int, o: int, batch: int, heads: int, seq_q: int,
                          seq_kv: int, head_dim: int, scale: float, causal: bool) -> list:
         """attention()'s steps (arguments already checked), through record_attention_views."""
-        f32 = np.dtype(np.float32)
         qs, kvs = (batch, heads, seq_q, head_dim), (batch, heads, seq_kv, head_dim)
         return self.record_attention_views(View.contiguous(q, f32, qs), View.contiguous(k, f32, kvs),
                                            View.contiguous(v, f32, kvs), None, View.contiguous(o, f32, qs),
@@ -355,19 +351,16 @@ class ComputeBackend(ABC):
 
     def record_reduce(self, op: ReduceOp, input: int, output: int, outer: int, r: int, inner: int) -> list:
         """reduce()'s steps: the middle axis of (outer, r, inner), through record_reduce_axes."""
-        f32 = np.dtype(np.float32)
         x = View(input, f32, (outer, inner, r), (r * inner, 1, inner))
         return self.record_reduce_axes(op.value, x, View.contiguous(output, f32, (outer, inner)), 1)
 
     def record_unary(self, op: UnaryOp, input: int, output: int, n: int) -> list:
         """unary()'s steps, as a one-call elementwise expression."""
-        f32 = np.dtype(np.float32)
         return self.record_elementwise(call(op.value, inp(0)), [View.contiguous(input, f32, (n,))],
                                        View.contiguous(output, f32, (n,)))
 
     def record_binary(self, op: BinaryOp, a: int, b: int, output: int, n: int) -> list:
         """binary()'s steps, as a one-call elementwise expression."""
-        f32 = np.dtype(np.float32)
         return self.record_elementwise(call(op.value, inp(0), inp(1)),
                                        [View.contiguous(a, f32, (n,)), View.contiguous(b, f32, (n,))],
                                        View.contiguous(output, f32, (n,)))
@@ -548,6 +541,16 @@ class ComputeBackend(ABC):
         spectrum as Hermitian and writes the real signal, out (outer, length, inner, 1). Views contiguous."""
         raise NotImplementedError(f"{type(self).__name__} has no DFT")
 
+    def record_matmul_nbits(self, a: View, packed: View, scales: View, zeros: View | None, out: View, *, k: int,
+                            n: int, bits: int, block_size: int, bias: View | None = None, g_idx: View | None = None,
+                            const_weight: bool = False) -> list:
+        """out (M, N) = a (M, K) @ Wᵀ + bias, W[n, k] = (code - zeros[n, b]) * scales[n, b], b = k // block_size
+        or g_idx[k] (int32, (K,)); codes of `bits` (2, 4, 8) packed low-first in int32 words, `packed` (N, words a
+        column), each block's codes in whole words, the last block padded past K. scales, zeros (None: 2^(bits-1))
+        (N, n_blocks) and bias (N,) in a's dtype; all contiguous. `const_weight`: packed, scales, zeros and g_idx
+        hold the same values on every run (model constants), so a backend may dequantise or repack them now."""
+        raise NotImplementedError(f"{type(self).__name__} has no MatMulNBits")
+
     # ---- tensors with logical dtypes (the runtime's view of memory) ----------------------------------
     @abstractmethod
     def storage_itemsize(self, dtype: Any) -> int:
@@ -573,26 +576,19 @@ class ComputeBackend(ABC):
     def gpu_time(self, steps: list, reps: int = 5) -> float:
         """Milliseconds of one run of `steps` (device time where the backend measures it; here the wall clock
         around execute + synchronize), the minimum of `reps`."""
-        best = math.inf
-        for _ in range(max(1, reps)):
-            self.synchronize()
-            t = time.perf_counter()
-            self.execute(steps)
-            self.synchronize()
-            best = min(best, (time.perf_counter() - t) * 1e3)
-        return best
+        return min(self._wall_ms(steps) for _ in range(max(1, reps)))
 
     def profile(self, steps: list) -> list[float]:
         """Run steps one by one and return each one's time in milliseconds (device time where the backend can
         measure it)."""
-        times = []
-        for st in steps:
-            self.synchronize()
-            t = time.perf_counter()
-            self.execute([st])
-            self.synchronize()
-            times.append((time.perf_counter() - t) * 1e3)
-        return times
+        return [self._wall_ms([st]) for st in steps]
+
+    def _wall_ms(self, steps: list) -> float:
+        self.synchronize()
+        t = time.perf_counter()
+        self.execute(steps)
+        self.synchronize()
+        return (time.perf_counter() - t) * 1e3
 
     def release(self) -> None:
         """Free every live allocation (tests use it to look for leaks)."""

@@ -17,6 +17,7 @@ class ValueInfo:
     name: str
     dtype: np.dtype | None
     shape: Shape | None  # None: rank unknown
+    kind: str = "tensor"  # or "sequence", "optional" (host values: a list of arrays, an array or None)
 
     def __repr__(self) -> str:
         dims = "?" if self.shape is None else "x".join(str(d) for d in self.shape) or "scalar"
@@ -35,6 +36,8 @@ class Node:
     # Values of enclosing graphs that this node's subgraphs (If's branches, Loop's body) read by name: uses of
     # them as real as `inputs`, for liveness, dead-node removal and the structural checks.
     implicit: list[str] = field(default_factory=list)
+    # The node as the file wrote it, kept only for ops that run through onnx.reference (ops/reference.py).
+    proto: Any = None
 
     def subgraphs(self) -> list[Graph]:
         return [v for v in self.attrs.values() if isinstance(v, Graph)]

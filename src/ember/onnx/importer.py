@@ -13,6 +13,7 @@ import onnx
 from onnx import external_data_helper, helper, numpy_helper
 
 from ..ir import Graph, Node, ValueInfo
+from ..ops.reference import needs_proto
 from .validate_schema import schema_problems
 
 
@@ -156,6 +157,9 @@ def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
             else:
                 dims.append(None)
         shape = tuple(dims)
+    kind = vi.type.WhichOneof("value")
+    if kind in ("sequence_type", "optional_type"):
+        return ValueInfo(vi.name, None, None, kind.split("_")[0])
     return ValueInfo(vi.name, _dtype(t.elem_type), shape)
 
 
@@ -261,8 +265,11 @@ def _nodes(g: onnx.GraphProto, opsets: dict[str, int], problems: list[str], pref
             if isinstance(value, onnx.GraphProto):
                 attrs[key] = sub = _subgraph(value, opsets, problems, f"{name}/{key}/")
                 implicit.update(dict.fromkeys(sub.outer_names()))
-        nodes.append(Node(n.op_type, dom, list(n.input), list(n.output), attrs, name, opsets.get(dom, 1),
-                          list(implicit)))
+        node = Node(n.op_type, dom, list(n.input), list(n.output), attrs, name, opsets.get(dom, 1), list(implicit))
+        if needs_proto(dom, n.op_type):
+            node.proto = onnx.NodeProto()
+            node.proto.CopyFrom(n)
+        nodes.append(node)
     return nodes
 
 

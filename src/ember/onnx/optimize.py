@@ -52,7 +52,8 @@ def fold_constants(graph: Graph) -> int:
     for node in graph.nodes:
         cls = lookup(node)
         consts = [i for i in node.inputs if i]
-        if cls is None or cls.scoped or not all(i in graph.initializers for i in consts):
+        if cls is None or cls.scoped or getattr(cls, "always_host", False) or \
+                not all(i in graph.initializers for i in consts):
             keep.append(node)
             continue
         try:

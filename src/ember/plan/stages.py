@@ -38,7 +38,9 @@ class Stage:
 
 def _is_cut(node: Node, initializers: dict[str, Any]) -> bool:
     cls = lookup(node)
-    return cls is not None and cls.host_op and not all(i in initializers for i in node.inputs if i)
+    if cls is None or not cls.host_op:
+        return False
+    return getattr(cls, "always_host", False) or not all(i in initializers for i in node.inputs if i)
 
 
 def needs_stages(graph: Graph) -> bool:
@@ -119,7 +121,9 @@ class StagedPlan:
             if names is not None and vi.name not in names:
                 continue
             v = values[vi.name] if vi.name in values else self.graph.initializers[vi.name]
-            if keep_on_device:
+            if v is None or isinstance(v, list):  # an optional without a value, a sequence: host values
+                out[vi.name] = v
+            elif keep_on_device:
                 out[vi.name] = v if isinstance(v, DeviceArray) else DeviceArray.from_numpy(self.backend, v)
             else:
                 out[vi.name] = v.numpy() if isinstance(v, DeviceArray) else np.array(v)

@@ -8,6 +8,7 @@ numpy views, never Views.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from . import (
     norms,
     parallel,
     pooling,
+    quant_matmul,
     reduce,
     spectral,
     winograd,
@@ -40,6 +42,7 @@ class CpuBackend(ComputeBackend):
         super().__init__()
         self._mem: dict[int, np.ndarray] = {}
         self._scratch = Scratch()
+        self._dequantized: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # MatMulNBits' weights
 
     def _init_device(self) -> None:
         pass
@@ -202,6 +205,17 @@ class CpuBackend(ComputeBackend):
 
     def record_dft(self, x: View, out: View, length: int, inverse: bool, onesided: bool) -> list[Step]:
         return [spectral.dft_step(self.array(x), self.array(out), length, inverse, onesided)]
+
+    def record_matmul_nbits(self, a: View, packed: View, scales: View, zeros: View | None, out: View, *, k: int,
+                            n: int, bits: int, block_size: int, bias: View | None = None, g_idx: View | None = None,
+                            const_weight: bool = False) -> list[Step]:
+        # Plans of one model (one per input shape) share the constants' handles, and so one dequantised weight.
+        key = (k, bits, block_size, *((v.handle, v.offset, v.shape) if v is not None else None
+                                      for v in (packed, scales, zeros, g_idx))) if const_weight else None
+        return quant_matmul.record_matmul_nbits(self.array(a), self.array(packed), self.array(scales),
+                                                self._array_or_none(zeros), self.array(out), k, bits, block_size,
+                                                self._array_or_none(bias), self._array_or_none(g_idx),
+                                                self._dequantized, key)
 
     # ---- loop primitives ----------------------------------------------------------------------------
     def record_scan(self, op: str, x: View, out: View, axis: int, exclusive: bool, reverse: bool) -> list[Step]:

@@ -17,6 +17,7 @@ from . import (  # noqa: F401  (each registers its kernels in program.KERNELS)
     gather,
     loops,
     matmul,
+    matmul_nbits,
     norm,
     pool,
     reduce,

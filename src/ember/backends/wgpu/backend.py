@@ -573,3 +573,7 @@ class WgpuBackend(ComputeBackend):
 
     def record_dft(self, x: View, out: View, length: int, inverse: bool, onesided: bool) -> list:
         return KERNELS["record_dft"](self, x, out, length, inverse, onesided)
+
+    def record_matmul_nbits(self, a: View, packed: View, scales: View, zeros: View | None, out: View,
+                            **kw: Any) -> list:
+        return KERNELS["record_matmul_nbits"](self, a, packed, scales, zeros, out, **kw)
