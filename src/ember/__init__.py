@@ -12,7 +12,9 @@ from .backends import (
     backend,
 )
 from .device_array import DeviceArray
+from .generate import Generator, generate
 from .model import Model, TensorInfo, load_onnx
+from .parallel import DataParallel, adapters
 from .session import InferenceSession, SessionOptions
 
 __version__ = "0.1.0"
@@ -21,4 +23,6 @@ __all__ = ["BinaryOp", "ComputeBackend", "DeviceArray", "DeviceLostError", "OutO
            "__version__",
            "settings",
            "InferenceSession", "Model", "SessionOptions", "TensorInfo",
-           "available_backends", "backend", "load_onnx"]
+           "DataParallel", "adapters",
+           "available_backends", "backend", "load_onnx",
+           "Generator", "generate"]

@@ -1,12 +1,13 @@
 """Command line: `ember info MODEL`, `ember check MODEL`, `ember run MODEL`, `ember bench MODEL`, `ember profile
-MODEL`, `ember backends`, `ember demo`.
+MODEL`, `ember generate MODEL`, `ember backends`, `ember demo`.
 
 Errors are one line on stderr, `ember: error: ...` (a traceback with --debug), and every command exits with
 0 ok, 1 outputs differ from ONNX Runtime's, 2 bad usage or arguments, 3 model rejected at load (malformed),
 4 unsupported op, 5 other runtime error; with several backends, the highest of theirs. The model commands
-live in ember/cli_commands.py (bench and profile in ember/cli_bench.py), what they share (feeds, the ONNX Runtime
-reference, the comparison) in ember/cli_util.py. Progress of slow work (load, plan build, autotune) shows on stderr
-when it is a terminal (ember/core/progress.py); `--quiet` or EMBER_PROGRESS=0 turns it off.
+live in ember/cli_commands.py (bench and profile in ember/cli_bench.py, generate in ember/cli_generate.py), what
+they share (feeds, the ONNX Runtime reference, the comparison) in ember/cli_util.py. Progress of slow work (load,
+plan build, autotune) shows on stderr when it is a terminal (ember/core/progress.py); `--quiet` or EMBER_PROGRESS=0
+turns it off.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import ember
 from . import settings
 from .cli_bench import bench, profile
 from .cli_commands import Evaluation, check, error_line, info, run
+from .cli_generate import add_parser as add_generate
 from .cli_util import EXIT_CODES, RUNTIME, USAGE, FeedOptions, describe_error, median_ms
 
 
@@ -150,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "--top nodes")
     _feed_args(pr)
     pr.set_defaults(func=profile)
+    add_generate(command)
     d = command("demo", "run a real model on every backend next to ONNX Runtime")
     d.add_argument("--model", action="append", help="an ONNX file, repeatable (default: SqueezeNet from the onnx "
                                                     "package, whose weights are all one constant)")
