@@ -115,6 +115,8 @@ def check_load_options(backend: Any, fuse: Any, precision: Any, plan_cache_bytes
 def _host_value(name: str, value: Any, kind: str) -> Any:
     if kind == "optional" and value is None:
         return None
+    if kind == "optional" and isinstance(value, (list, tuple)):  # an optional holding a sequence
+        return [host_array(name, v) for v in value]
     if kind == "sequence":
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"input {name!r}: a sequence input takes a list of arrays, got {type(value).__name__}")

@@ -359,16 +359,20 @@ class Identity(Op):
 
 @register("Dropout", 1)
 class Dropout(Op):
-    """Inference mode: the identity, and an all-true mask when the mask output is used."""
+    """Inference mode: the identity, and an all-true mask when the mask output is used. Training mode with a ratio
+    of 0 drops nothing: the same. A random drop (training with a ratio above 0) is not supported."""
     f16 = True
 
-    host_inputs = (2,)
+    host_inputs = (1, 2)
 
     attrs = {"ratio": 0.5, "seed": 0, "is_test": 0, "consumed_inputs": []}
 
     def run(self, ctx: Context, x: Tensor, ratio: Tensor | None = None, training: Tensor | None = None) -> list[Tensor]:
         if training is not None and (not training.is_const or bool(training.value)):
-            raise self.fail("training-mode Dropout is not supported")
+            p = float(np.asarray(ratio.value).reshape(-1)[0]) if ratio is not None and ratio.is_const else \
+                float(self.attr["ratio"])
+            if p != 0.0:
+                raise self.fail(f"training-mode Dropout (random drops, ratio {p}) is not supported")
         outs = [x]
         if len(self.node.outputs) > 1 and self.node.outputs[1]:
             outs.append(ctx.const(np.ones(x.shape, bool)))

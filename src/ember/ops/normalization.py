@@ -26,9 +26,9 @@ class BatchNormalization(Op):
     attrs = {"epsilon": 1e-5, "momentum": 0.9, "spatial": 1, "is_test": 0, "training_mode": 0}
 
     def run(self, ctx: Context, x: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor) -> list[Tensor]:
-        if self.attr["training_mode"]:
-            raise self.fail("training-mode BatchNormalization is not supported")
         cs = channel_shape(x)
+        if self.attr["training_mode"]:
+            return self._training(ctx, x, scale, bias, mean, var, cs)
         eps = self.attr["epsilon"]
         if all(t.is_const for t in (scale, bias, mean, var)):
             # Inference BN is an affine map: fold it to y = x * a + b with a, b computed once, here.
@@ -40,6 +40,25 @@ class BatchNormalization(Op):
         e = call("add", call("mul", call("div", call("sub", inp(0), inp(3)),
                                          call("sqrt", call("add", inp(4), const(eps, FLOAT)))), inp(1)), inp(2))
         return [emit(ctx, self, e, ins, x.dtype)]
+
+
+    def _training(self, ctx: Context, x: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor,
+                  cs: tuple[int, ...]) -> list[Tensor]:
+        """Training mode (opset 14+): normalised by the batch's own statistics (population variance over every
+        axis but the channels); the running mean and variance updated with `momentum`."""
+        axes = [i for i in range(x.rank) if i != 1]
+        eps, m = float(self.attr["epsilon"]), float(self.attr["momentum"])
+        y, batch_mean, inv = normalize(ctx, self, x, axes, eps, stats=True)
+        y = emit(ctx, self, call("add", call("mul", inp(0), inp(1)), inp(2)),
+                 [y, reshape_view(ctx, scale, cs), reshape_view(ctx, bias, cs)], x.dtype)
+        bm = reshape_view(ctx, batch_mean, (x.shape[1],))
+        # var = 1 / inv^2 - eps: the batch's population variance, from the statistics normalize kept.
+        bv = emit(ctx, self, call("sub", call("div", const(1.0, FLOAT), call("mul", inp(0), inp(0))),
+                                  const(eps, FLOAT)), [reshape_view(ctx, inv, (x.shape[1],))], x.dtype)
+        running = [emit(ctx, self, call("add", call("mul", inp(0), const(m, FLOAT)),
+                                        call("mul", inp(1), const(1.0 - m, FLOAT))), [old, new], x.dtype)
+                   for old, new in ((mean, bm), (var, bv))]
+        return [y, *running]
 
 
 @register("InstanceNormalization", 1)

@@ -1,5 +1,6 @@
 """Ops ember runs on the host through onnx.reference, ONNX's own implementation of each op's spec: strings
-(StringNormalizer, StringConcat, StringSplit, RegexFullMatch), n-gram features (TfIdfVectorizer), sequences and
+(StringNormalizer, StringConcat, StringSplit, RegexFullMatch), n-gram features (TfIdfVectorizer), the mel filter
+bank a spectrogram front end builds once from scalars (MelWeightMatrix), sequences and
 optionals, and the ai.onnx.ml label encoder and tree ensembles. None of them is numeric work a GPU kernel would do
 better, and every one is an explicit host step: they run between the graph's stages (plan/stages.py) and
 `plan_info()["host_nodes"]` lists them. Values of sequence type are Python lists of arrays on the host.
@@ -20,7 +21,7 @@ from .host import HostOp
 # (domain, op type) -> the first opset whose version ember runs.
 REFERENCE_OPS: dict[tuple[str, str], int] = {
     ("", "StringNormalizer"): 10, ("", "StringConcat"): 20, ("", "StringSplit"): 20, ("", "RegexFullMatch"): 20,
-    ("", "TfIdfVectorizer"): 9,
+    ("", "TfIdfVectorizer"): 9, ("", "MelWeightMatrix"): 17,
     ("", "SequenceConstruct"): 11, ("", "SequenceEmpty"): 11, ("", "SequenceAt"): 11, ("", "SequenceLength"): 11,
     ("", "SequenceInsert"): 11, ("", "SequenceErase"): 11, ("", "SplitToSequence"): 11,
     ("", "ConcatFromSequence"): 11, ("", "SequenceMap"): 17,
@@ -30,9 +31,19 @@ REFERENCE_OPS: dict[tuple[str, str], int] = {
 }
 
 
+# Ops ember runs natively that also take strings; a node of them reading string inputs runs on the host.
+STRING_CAPABLE = {("", "Equal"), ("", "Identity"), ("", "Reshape"), ("", "Concat"), ("", "Gather"),
+                  ("", "Transpose"), ("", "Squeeze"), ("", "Unsqueeze"), ("", "Where")}
+
+
 def needs_proto(domain: str, op_type: str) -> bool:
     """Whether the importer must keep the node's proto (the reference evaluator runs the node as ONNX wrote it)."""
-    return (domain, op_type) in REFERENCE_OPS
+    return (domain, op_type) in REFERENCE_OPS or (domain, op_type) in STRING_CAPABLE
+
+
+def run_reference(node: Node, inputs: list[Any]) -> list[Any]:
+    """The node run by onnx.reference on host values (strings through an op ember also runs natively)."""
+    return ReferenceOp(node).compute(*inputs)
 
 
 class ReferenceOp(HostOp):

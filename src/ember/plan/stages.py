@@ -20,6 +20,7 @@ import numpy as np
 from ..device_array import DeviceArray
 from ..ir import Graph, Node, ValueInfo
 from ..ops import lookup
+from ..ops.reference import run_reference
 from .planner import Plan, host_value_inputs
 
 STAGE_PLANS = 64  # plans kept per device stage (one per input-shape signature seen)
@@ -44,14 +45,24 @@ def _is_cut(node: Node, initializers: dict[str, Any]) -> bool:
 
 
 def needs_stages(graph: Graph) -> bool:
-    return any(_is_cut(n, graph.initializers) for n in graph.nodes)
+    return any(vi.kind != "tensor" or (vi.dtype is not None and vi.dtype.kind == "O") for vi in graph.inputs) or \
+        any(_is_cut(n, graph.initializers) for n in graph.nodes)
 
 
 def split(graph: Graph) -> list[Stage]:
     stages: list[Stage] = []
+    # Values only the host holds (sequences, optionals, strings from host ops): an Identity of one passes it on.
+    host_made = {vi.name for vi in graph.inputs if vi.kind != "tensor"}
+    strings = {vi.name for vi in graph.inputs if vi.dtype is not None and vi.dtype.kind == "O"}
+    strings |= {n for n, v in graph.initializers.items() if np.asarray(v).dtype.kind == "O"}
     for node in graph.nodes:
-        if _is_cut(node, graph.initializers):
+        passes_on = node.op_type == "Identity" and not node.domain and node.inputs[0] in host_made
+        on_strings = node.proto is not None and any(i in strings for i in node.inputs)
+        if on_strings:
+            strings.update(o for o in node.outputs if o)
+        if passes_on or on_strings or _is_cut(node, graph.initializers):
             stages.append(Stage([node], host=True))
+            host_made.update(o for o in node.outputs if o)
         elif stages and not stages[-1].host:
             stages[-1].nodes.append(node)
         else:
@@ -130,8 +141,18 @@ class StagedPlan:
         return out
 
     def _run_host(self, node: Node, values: dict[str, Any]) -> None:
+        if node.op_type == "Identity" and not node.domain:
+            values[node.outputs[0]] = values[node.inputs[0]]
+            return
         cls = lookup(node)
         assert cls is not None
+        if not cls.host_op:  # a native op on strings: onnx.reference runs it
+            args = [values.get(i, self.graph.initializers.get(i)) if i else None for i in node.inputs]
+            args = [a.numpy() if isinstance(a, DeviceArray) else a for a in args]
+            for name, v in zip(node.outputs, run_reference(node, args), strict=False):
+                if name:
+                    values[name] = v
+            return
         args = []
         for i in node.inputs:
             v = values.get(i, self.graph.initializers.get(i)) if i else None
