@@ -235,6 +235,18 @@ class _Matcher:
                 return v, eps, [s.inputs[0], v]
         return None
 
+    def noop_cast(self, name: str, x: str) -> str | None:
+        """The output of the Cast that alone reads `name`, if that Cast is a no-op: `x` (whose dtype `name` has)
+        is itself a Cast to the same type (the TorchScript export of transformers' RMSNorm casts both ways)."""
+        cons = [n for n in self.graph.nodes if name in n.inputs]
+        src = self.node(x, "Cast")
+        if len(cons) != 1 or not self.single(name) or src is None:
+            return None
+        cast = cons[0]
+        if cast.op_type != "Cast" or cast.domain or cast.attrs.get("to") != src.attrs.get("to"):
+            return None
+        return cast.outputs[0]
+
     def affine_tail(self, name: str, ops: tuple[str, ...] = ("Mul", "Add")) -> tuple[str, str | None, str | None]:
         """Follow an optional Mul(·, gamma) then Add(·, beta) with constant vectors; returns (out, gamma, beta)."""
         out, gamma, beta = name, None, None
@@ -306,7 +318,7 @@ def fuse_layernorm(graph: Graph) -> int:
 
 
 def fuse_rmsnorm(graph: Graph) -> int:
-    """Pow / ReduceMean / Add(eps) / Sqrt / (Reciprocal, Mul | Div) [* gamma] -> ai.ember.RMSNorm."""
+    """Pow / ReduceMean / Add(eps) / Sqrt / (Reciprocal or Div(1, ·), Mul | Div) [* gamma] -> ai.ember.RMSNorm."""
     count = 0
     while True:
         m = _Matcher(graph)
@@ -317,11 +329,12 @@ def fuse_rmsnorm(graph: Graph) -> int:
                 dead = set()
                 sq_name = r
                 if last.op_type == "Mul":
-                    rec = m.node(r, "Reciprocal")
-                    if rec is None or not m.single(r):
+                    # 1/sqrt as Reciprocal(s), or as Div(1, s) (torch.rsqrt through the TorchScript exporter)
+                    rec = m.node(r, "Reciprocal", "Div")
+                    if rec is None or not m.single(r) or (rec.op_type == "Div" and m.scalar(rec.inputs[0]) != 1.0):
                         continue
                     dead.add(r)
-                    sq_name = rec.inputs[0]
+                    sq_name = rec.inputs[-1]
                 es = m.eps_sqrt(sq_name)
                 if es is None or not m.single(sq_name):
                     continue
@@ -330,7 +343,8 @@ def fuse_rmsnorm(graph: Graph) -> int:
                 axes = m.mean_axes(mean) if mean is not None else None
                 if axes is None or len(axes) != 1 or m.square_of(mean.inputs[0]) != x or not m.single(mean.inputs[0]):
                     continue
-                out, gamma, _beta = m.affine_tail(last.outputs[0], ops=("Mul",))
+                start = m.noop_cast(last.outputs[0], x) or last.outputs[0]  # Cast(to=T) of a T: skipped
+                out, gamma, _beta = m.affine_tail(start, ops=("Mul",))
                 dead |= {sq_name, v, mean.inputs[0], last.outputs[0], *inner}
                 dead |= _tail_names(last.outputs[0], out, graph)
                 new = Node("RMSNorm", EMBER_DOMAIN, [x, gamma or ""], [out], {"axis": axes[0], "epsilon": eps},
