@@ -52,15 +52,15 @@ class Attention(Op):
             hq, hkv = self.attr["q_num_heads"], self.attr["kv_num_heads"]
             if not hq or not hkv:
                 raise ValueError(f"{self.node.describe()}: 3-D inputs need q_num_heads and kv_num_heads")
-            q = self._heads(ctx, q, hq)
-            k, v = self._heads(ctx, k, hkv), self._heads(ctx, v, hkv)
+            q = split_heads(ctx, q, hq)
+            k, v = split_heads(ctx, k, hkv), split_heads(ctx, v, hkv)
         elif q.rank != 4 or k.rank != 4 or v.rank != 4:
             raise ValueError(f"{self.node.describe()}: Q, K and V must all be 3-D or all 4-D, got ranks "
                              f"{q.rank}, {k.rank}, {v.rank}")
         past = past_k.shape[2] if past_k is not None else 0
         if past_k is not None:
-            k = self._concat(ctx, past_k, k)
-            v = self._concat(ctx, past_v, v)
+            k = concat_seq(ctx, past_k, k)
+            v = concat_seq(ctx, past_v, v)
         scale = self.attr["scale"] if self.attr["scale"] is not None else 1.0 / math.sqrt(q.shape[3])
         if mask is not None and mask.shape[-1] < k.shape[2]:  # a mask shorter than the keys pads with -inf
             raise self.fail("an attention mask shorter than the key sequence is not supported")
@@ -186,17 +186,20 @@ class Attention(Op):
     def _full(self, ctx: Context, t: Tensor, shape: tuple[int, ...]) -> Tensor:
         return Tensor(t.dtype, shape, view=ctx.view(t).broadcast_to(shape))
 
-    def _heads(self, ctx: Context, t: Tensor, heads: int) -> Tensor:
-        b, s, hd = t.shape
-        split = reshape_view(ctx, t, (b, s, heads, hd // heads))
-        return Tensor(t.dtype, (b, heads, s, hd // heads), view=ctx.view(split).permute((0, 2, 1, 3)))
 
-    def _concat(self, ctx: Context, past: Tensor, new: Tensor) -> Tensor:
-        """past ++ new along the sequence axis (the present key/value)."""
-        shape = past.shape[:2] + (past.shape[2] + new.shape[2],) + past.shape[3:]
-        out = ctx.new(new.dtype, shape)
-        st = out.view.strides
-        if past.size:
-            copy_into(ctx, ctx.view(past), View(out.view.handle, out.dtype, past.shape, st, 0))
-        copy_into(ctx, ctx.view(new), View(out.view.handle, out.dtype, new.shape, st, past.shape[2] * st[2]))
-        return out
+def split_heads(ctx: Context, t: Tensor, heads: int) -> Tensor:
+    """(batch, sequence, heads * head) -> (batch, heads, sequence, head), a view."""
+    b, s, hd = t.shape
+    split = reshape_view(ctx, t, (b, s, heads, hd // heads))
+    return Tensor(t.dtype, (b, heads, s, hd // heads), view=ctx.view(split).permute((0, 2, 1, 3)))
+
+
+def concat_seq(ctx: Context, past: Tensor, new: Tensor) -> Tensor:
+    """past ++ new along the sequence axis of (batch, heads, sequence, head) tensors (the present key/value)."""
+    shape = past.shape[:2] + (past.shape[2] + new.shape[2],) + past.shape[3:]
+    out = ctx.new(new.dtype, shape)
+    st = out.view.strides
+    if past.size:
+        copy_into(ctx, ctx.view(past), View(out.view.handle, out.dtype, past.shape, st, 0))
+    copy_into(ctx, ctx.view(new), View(out.view.handle, out.dtype, new.shape, st, past.shape[2] * st[2]))
+    return out

@@ -324,11 +324,13 @@ def lookup(node: Node) -> type[Op] | None:
     return valid[-1] if valid else None
 
 
-def call_op(ctx: Context, parent: Op, op_type: str, *inputs: Tensor | None, **attrs: object) -> list[Tensor]:
-    """Run another registered op inside this one (same context), e.g. MatMul inside QLinearMatMul; looked up in
-    the registry, so an op family needs no import of another's module."""
+def call_op(ctx: Context, parent: Op, op_type: str, *inputs: Tensor | None, opset: int | None = None,
+            **attrs: object) -> list[Tensor]:
+    """Run another registered default-domain op inside this one (same context), e.g. MatMul inside QLinearMatMul;
+    looked up in the registry, so an op family needs no import of another's module. `opset`: the version to look
+    it up at (default: the parent's, which for a contrib op is its own domain's, not ONNX's)."""
     node = Node(op_type, "", [f"_{i}" if t is not None else "" for i, t in enumerate(inputs)], ["_y"], attrs,
-                f"{parent.node.name}/{op_type}", parent.node.opset)
+                f"{parent.node.name}/{op_type}", parent.node.opset if opset is None else opset)
     cls = lookup(node)
     assert cls is not None, op_type
     return cls(node).run(ctx, *inputs)

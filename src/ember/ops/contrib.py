@@ -27,7 +27,7 @@ from .exprs import float_const, int_const, kernel
 from .normalization import normalize
 from .reduce import reduce_axes
 from .shape import reshape_view
-from .transformer import decomposed_rms, fused_norm
+from .transformer import affine, decomposed_rms, fused_norm
 
 MS = "com.microsoft"
 
@@ -84,16 +84,6 @@ def rms_stats(ctx: Context, op: Op, x: Tensor, axis: int, eps: float) -> tuple[T
     return y, inv
 
 
-def _affine(ctx: Context, op: Op, y: Tensor, scale: Tensor | None, bias: Tensor | None) -> Tensor:
-    ins = [y] + [t for t in (scale, bias) if t is not None]
-    e = inp(0)
-    if scale is not None:
-        e = call("mul", e, inp(1))
-    if bias is not None:
-        e = call("add", e, inp(len(ins) - 1))
-    return emit(ctx, op, e, ins, y.dtype) if len(ins) > 1 else y
-
-
 class _SkipNorm(_Contrib):
     """input + skip (+ bias), normalised over the last axis and scaled by gamma (+ beta)."""
     f16 = True
@@ -133,7 +123,7 @@ class _SkipNorm(_Contrib):
                 normed, inv = rms_stats(ctx, self, total, axis, eps)
             else:
                 normed, mean, inv = normalize(ctx, self, total, [axis], eps, stats=True)
-            y = _affine(ctx, self, normed, gamma, beta)
+            y = affine(ctx, self, normed, gamma, beta)
         return [y, mean, inv, total if _wanted(self, 3) else None]
 
 
@@ -190,7 +180,7 @@ class _SimplifiedLayerNormalization(_Contrib):
             return [decomposed_rms(ctx, self, x, list(range(axis, x.rank)), eps, scale)]
         ctx.count("rmsnorm.fallback")
         normed, inv = rms_stats(ctx, self, x, axis, eps)
-        return [_affine(ctx, self, normed, scale, None), inv]
+        return [affine(ctx, self, normed, scale, None), inv]
 
 
 # ONNX Runtime registers it in the ONNX domain (its contrib schema), some exporters write it as com.microsoft.

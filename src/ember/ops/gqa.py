@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.expr import call, const, coord, inp, load
 from ..ir import Node
-from .attention_onnx import Attention
+from .attention_onnx import Attention, split_heads
 from .base import Context, Op, Tensor, host_ints, register
 from .contrib import MS, RotaryEmbedding
 from .elementwise import emit
@@ -97,7 +97,7 @@ class GroupQueryAttention(Op):
             q = self._rotate(ctx, q, pos, cos, sin, hq)
             k = self._rotate(ctx, k, pos, cos, sin, hkv)
         dv = v.shape[2] // hkv
-        q4 = self._heads(ctx, q, b, s, hq, head)
+        q4 = split_heads(ctx, q, hq)
         k_new = reshape_view(ctx, k, (b, s, hkv, head))
         v_new = reshape_view(ctx, v, (b, s, hkv, dv))
         if past == 0:  # no past, or an empty one: the present is the new key/value
@@ -112,9 +112,6 @@ class GroupQueryAttention(Op):
         y = att.run(ctx, q4, present_k, present_v, mask)[0]
         moved = Tensor(y.dtype, (b, s, hq, dv), view=ctx.view(y).permute((0, 2, 1, 3)))
         return [reshape_view(ctx, moved, (b, s, hq * dv)), present_k, present_v]
-
-    def _heads(self, ctx: Context, t: Tensor, b: int, s: int, heads: int, head: int) -> Tensor:
-        return self._moved(ctx, reshape_view(ctx, t, (b, s, heads, head)))
 
     def _moved(self, ctx: Context, t: Tensor) -> Tensor:
         """(batch, sequence, heads, head) -> (batch, heads, sequence, head), a view."""

@@ -18,24 +18,16 @@ import numpy as np
 from ..core.expr import call, const, inp
 from ..core.view import View
 from ..ir import Node
-from .base import Context, Op, Tensor, lookup, register
-from .contrib import MS, _affine, _Contrib, _hidden_vector, _wanted
+from .attention_onnx import concat_seq, split_heads
+from .base import Context, Op, Tensor, call_op, register
+from .contrib import MS, _Contrib, _hidden_vector, _wanted
 from .elementwise import emit
 from .normalization import normalize
 from .reduce import reduce_axes
 from .shape import copy_into, reshape_view, slice_view
-from .transformer import attention, fused_norm
+from .transformer import affine, attention, fused_norm
 
 INT = "int"
-
-
-def _onnx(ctx: Context, parent: Op, op_type: str, *inputs: Tensor | None, **attrs: object) -> Tensor:
-    """A default-domain op at opset 17 inside this one (call_op would look it up at the contrib opset, 1)."""
-    node = Node(op_type, "", [f"_{i}" if t is not None else "" for i, t in enumerate(inputs)], ["_y"], attrs,
-                f"{parent.node.name}/{op_type}", 17)
-    cls = lookup(node)
-    assert cls is not None, op_type
-    return cls(node).run(ctx, *inputs)[0]
 
 
 @register("EmbedLayerNormalization", 1, MS)
@@ -57,22 +49,22 @@ class EmbedLayerNormalization(_Contrib):
         hidden = word.shape[1]
         for name, t in (("gamma", gamma), ("beta", beta)):
             _hidden_vector(self, name, t, hidden)
-        total = _onnx(ctx, self, "Gather", word, ids, axis=0)
+        total = call_op(ctx, self, "Gather", word, ids, axis=0, opset=17)[0]
         if segment is not None and segments is not None:
-            total = emit(ctx, self, call("add", inp(0), inp(1)), [total, _onnx(ctx, self, "Gather", segment, segments,
-                                                                               axis=0)], word.dtype)
+            seg = call_op(ctx, self, "Gather", segment, segments, axis=0, opset=17)[0]
+            total = emit(ctx, self, call("add", inp(0), inp(1)), [total, seg], word.dtype)
         if position_ids is None:
             pos = slice_view(ctx, position, 0, 0, s)  # positions 0 .. S-1, one row per position
             pos = reshape_view(ctx, pos, (1, s, hidden))
         else:
-            pos = _onnx(ctx, self, "Gather", position, position_ids, axis=0)
+            pos = call_op(ctx, self, "Gather", position, position_ids, axis=0, opset=17)[0]
             if pos.rank == 2:
                 pos = reshape_view(ctx, pos, (1, *pos.shape))
         total = emit(ctx, self, call("add", inp(0), inp(1)), [total, pos], word.dtype)
         eps = float(self.attr["epsilon"])
         y = fused_norm(ctx, self, "layernorm", total, 2, gamma, beta, eps)
         if y is None:
-            y = _affine(ctx, self, normalize(ctx, self, total, [2], eps), gamma, beta)
+            y = affine(ctx, self, normalize(ctx, self, total, [2], eps), gamma, beta)
         lengths = None
         if _wanted(self, 1):
             if mask is None:
@@ -113,18 +105,18 @@ class MsAttention(_Contrib):
         if len(sizes) != 3 or sum(sizes) != w.shape[1] or any(n % heads for n in sizes) or sizes[0] != sizes[1]:
             raise ValueError(f"{d}: qkv_hidden_sizes {list(sizes)} must be three sizes (q = k) divisible by "
                              f"{heads} heads that add up to the weights' {w.shape[1]} columns")
-        qkv = _onnx(ctx, self, "MatMul", x, w)
+        qkv = call_op(ctx, self, "MatMul", x, w, opset=17)[0]
         if bias is not None:
             qkv = emit(ctx, self, call("add", inp(0), inp(1)), [qkv, bias], x.dtype)
-        q, k, v = (self._heads(ctx, slice_view(ctx, qkv, 2, lo, lo + n), heads) for lo, n in
+        q, k, v = (split_heads(ctx, slice_view(ctx, qkv, 2, lo, lo + n), heads) for lo, n in
                    ((0, sizes[0]), (sizes[0], sizes[1]), (sizes[0] + sizes[1], sizes[2])))
         p = 0
         if past is not None:
             if past.rank != 5 or past.shape[0] != 2 or past.shape[1] != b or past.shape[2] != heads:
                 raise ValueError(f"{d}: past must be (2, batch, heads, past, head), got {list(past.shape)}")
             p = past.shape[3]
-            k = self._concat(ctx, slice_view(ctx, past, 0, 0, 1), k)
-            v = self._concat(ctx, slice_view(ctx, past, 0, 1, 2), v)
+            k = concat_seq(ctx, reshape_view(ctx, slice_view(ctx, past, 0, 0, 1), past.shape[1:]), k)
+            v = concat_seq(ctx, reshape_view(ctx, slice_view(ctx, past, 0, 1, 2), past.shape[1:]), v)
         t = p + s
         additive = additive_mask(ctx, self, mask, b, s, t, x.dtype)
         if attn_bias is not None:
@@ -143,21 +135,6 @@ class MsAttention(_Contrib):
             for i, part in enumerate((k, v)):
                 copy_into(ctx, ctx.view(part), View(present.view.handle, x.dtype, part.shape, st[1:], i * st[0]))
             out.append(present)
-        return out
-
-    def _heads(self, ctx: Context, t: Tensor, heads: int) -> Tensor:
-        b, s, n = t.shape
-        split = reshape_view(ctx, t, (b, s, heads, n // heads))
-        return Tensor(t.dtype, (b, heads, s, n // heads), view=ctx.view(split).permute((0, 2, 1, 3)))
-
-    def _concat(self, ctx: Context, past: Tensor, new: Tensor) -> Tensor:
-        past = reshape_view(ctx, past, past.shape[1:])
-        shape = past.shape[:2] + (past.shape[2] + new.shape[2],) + past.shape[3:]
-        out = ctx.new(new.dtype, shape)
-        st = out.view.strides
-        if past.size:
-            copy_into(ctx, ctx.view(past), View(out.view.handle, out.dtype, past.shape, st, 0))
-        copy_into(ctx, ctx.view(new), View(out.view.handle, out.dtype, new.shape, st, past.shape[2] * st[2]))
         return out
 
 
@@ -202,15 +179,15 @@ class MultiHeadAttention(_Contrib):
                 k = emit(ctx, self, call("add", inp(0), inp(1)), [k, slice_view(ctx, bias, 0, hq, hq + nk)], k.dtype)
                 v = emit(ctx, self, call("add", inp(0), inp(1)), [v, slice_view(ctx, bias, 0, hq + nk, hq + nk + nv)],
                          v.dtype)
-            k, v = _split_heads(ctx, k, heads), _split_heads(ctx, v, heads)
+            k, v = split_heads(ctx, k, heads), split_heads(ctx, v, heads)
         elif k.rank != 4 or v.rank != 4 or k.shape[1] != heads:
             raise ValueError(f"{d}: key and value must be (batch, kv, hidden) or (batch, {heads}, kv, head), got "
                              f"{list(k.shape)} and {list(v.shape)}")
-        q4 = _split_heads(ctx, q, heads)
+        q4 = split_heads(ctx, q, heads)
         if (past_k is None) != (past_v is None):
             raise ValueError(f"{d}: past_key and past_value must be given together")
         if past_k is not None and past_k.shape[2]:
-            k, v = _concat_seq(ctx, past_k, k), _concat_seq(ctx, past_v, v)
+            k, v = concat_seq(ctx, past_k, k), concat_seq(ctx, past_v, v)
         t = k.shape[2]
         additive = additive_mask(ctx, self, mask, b, s, t, q.dtype)
         if attn_bias is not None:
@@ -222,21 +199,6 @@ class MultiHeadAttention(_Contrib):
         moved = Tensor(y.dtype, (b, s, heads, dv), view=ctx.view(y).permute((0, 2, 1, 3)))
         return [reshape_view(ctx, moved, (b, s, heads * dv)), k if _wanted(self, 1) else None,
                 v if _wanted(self, 2) else None]
-
-
-def _split_heads(ctx: Context, t: Tensor, heads: int) -> Tensor:
-    b, s, n = t.shape
-    split = reshape_view(ctx, t, (b, s, heads, n // heads))
-    return Tensor(t.dtype, (b, heads, s, n // heads), view=ctx.view(split).permute((0, 2, 1, 3)))
-
-
-def _concat_seq(ctx: Context, past: Tensor, new: Tensor) -> Tensor:
-    shape = past.shape[:2] + (past.shape[2] + new.shape[2],) + past.shape[3:]
-    out = ctx.new(new.dtype, shape)
-    st = out.view.strides
-    copy_into(ctx, ctx.view(past), View(out.view.handle, out.dtype, past.shape, st, 0))
-    copy_into(ctx, ctx.view(new), View(out.view.handle, out.dtype, new.shape, st, past.shape[2] * st[2]))
-    return out
 
 
 def additive_mask(ctx: Context, op: Op, mask: Tensor | None, b: int, s: int, t: int, dt: np.dtype) -> Tensor | None:

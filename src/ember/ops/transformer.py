@@ -56,6 +56,17 @@ def fused_norm(ctx: Context, op: Op, kind: str, x: Tensor, axis: int, scale: Ten
     return out
 
 
+def affine(ctx: Context, op: Op, y: Tensor, scale: Tensor | None, bias: Tensor | None) -> Tensor:
+    """y * scale + bias (either optional), one lazy elementwise expression."""
+    ins = [y] + [t for t in (scale, bias) if t is not None]
+    e = inp(0)
+    if scale is not None:
+        e = call("mul", e, inp(1))
+    if bias is not None:
+        e = call("add", e, inp(len(ins) - 1))
+    return emit(ctx, op, e, ins, y.dtype) if len(ins) > 1 else y
+
+
 def decomposed_rms(ctx: Context, op: Op, x: Tensor, axes: list[int], eps: float, scale: Tensor | None) -> Tensor:
     keep = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
     n = math.prod(x.shape[a] for a in axes)
@@ -81,13 +92,7 @@ class LayerNormalization(Op):
                 return [y]
         ctx.count("layernorm.fallback")
         y, mean, inv = normalize(ctx, self, x, list(range(axis, x.rank)), self.attr["epsilon"], stats=True)
-        ins = [y] + [t for t in (scale, bias) if t is not None]
-        e = inp(0)
-        if scale is not None:
-            e = call("mul", e, inp(1))
-        if bias is not None:
-            e = call("add", e, inp(len(ins) - 1))
-        return [emit(ctx, self, e, ins, x.dtype), mean, inv]
+        return [affine(ctx, self, y, scale, bias), mean, inv]
 
 
 register("LayerNorm", 1, EMBER)(type("LayerNorm", (LayerNormalization,), {}))
