@@ -15,6 +15,7 @@ from typing import Any, Never
 
 import numpy as np
 
+from . import settings
 from .backends import BACKEND_OPTIONS, ComputeBackend, DeviceLostError, canonical_name, check_backend_options
 from .backends import backend as make_backend
 from .core import progress
@@ -27,6 +28,7 @@ from .onnx.optimize import optimize
 from .onnx.validate import check_structure
 from .ops import UnsupportedError, lookup
 from .plan import COUNTERS, FoldCache, Plan, StagedPlan, WeightPool, build_plan, host_value_inputs, needs_stages
+from .plan.families import Families
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,10 @@ class Model:
             if static else None
         # A graph with data-dependent shapes (NonZero) runs in stages, planned as the data comes (plan/stages.py).
         self._staged = needs_stages(graph)
+        # Symbolic input dims: plans traced, and made from templates where the shapes move along a line
+        # (plan/families.py).
+        self._traced = not static and not self._staged
+        self._families = self._new_families()
         # Everything static is compiled now, so the first run is as cheap as the others.
         if not self._host_inputs and static and not self._staged:
             plan = self._plan({v.name: tuple(v.shape) for v in graph.inputs}, {})
@@ -212,6 +218,11 @@ class Model:
             self.outputs = [TensorInfo(o.name, o.shape if o.shape is not None and all(isinstance(d, (int, str))
                                                                                         for d in o.shape)
                                        else known[o.name], o.dtype) for o in self.outputs]
+
+    def _new_families(self) -> Families | None:
+        if not self._traced:
+            return None
+        return Families(self.graph, self._be, self._pool, self._folds, self._casts, self.fuse, self.precision)
 
     @property
     def backend(self) -> str:
@@ -238,30 +249,34 @@ class Model:
             self._plans.move_to_end(key)
             return plan
         try:
-            plan = self._build(shapes, host)
+            plan, built = self._build(shapes, host)
         except MemoryError:  # OutOfMemoryError included: the cached plans' buffers may be what is missing
             if not self._plans:
                 raise
             self._evict(-1, keep=0)
-            plan = self._build(shapes, host)
+            plan, built = self._build(shapes, host)
         self._plans[key] = plan
         self._plan_bytes += plan.device_bytes
-        self._builds += 1
+        self._builds += built
         self._evict(self._limit)
         return plan
 
-    def _build(self, shapes: dict[str, tuple[int, ...]], host: dict[str, np.ndarray]) -> Plan:
+    def _build(self, shapes: dict[str, tuple[int, ...]], host: dict[str, np.ndarray]) -> tuple[Plan, bool]:
+        """(the plan, whether the graph was planned for it: False for a plan made from a template)."""
         # Backends that tune kernels while recording (wgpu) take the model's on/off for this plan.
         scope = getattr(self._be, "autotune_scope", None)
+        built = True
         with (scope(self.autotune) if scope is not None else contextlib.nullcontext()) as report, \
                 progress.task(f"building the plan on {self._be.name}"):
             if self._staged:
                 plan = StagedPlan(self.graph, self._build_stage, self._be)
+            elif self._families is not None and settings.TEMPLATES.get():
+                plan, built = self._families.make(shapes, host, lambda: self._build_stage(self.graph, shapes, host))
             else:
                 plan = self._build_stage(self.graph, shapes, host)
         if report is not None:  # plan_info shows what tuning cost this plan: autotune.tuned, .seconds, ...
             plan.stats.update({f"autotune.{k}": v for k, v in report.items()})
-        return plan
+        return plan, built
 
     def _build_stage(self, graph: Graph, shapes: dict[str, tuple[int, ...]], host: dict[str, np.ndarray]) -> Plan:
         return build_plan(graph, self._be, shapes, host, fuse=self.fuse, precision=self.precision, pool=self._pool,
@@ -416,7 +431,9 @@ class Model:
         live plans hold (their own buffers and scratch), device bytes of the weights they share, and the bound on
         the plans' bytes (load_onnx's plan_cache_bytes)."""
         with self._lock:
-            return {"plans": len(self._plans), "builds": self._builds, "evictions": self._evictions,
+            made = self._families.realized if self._families is not None else 0
+            return {"plans": len(self._plans), "builds": self._builds, "from_template": made,
+                    "evictions": self._evictions,
                     "bytes": self._plan_bytes, "weight_bytes": self._pool.bytes, "limit_bytes": self._limit}
 
     @contextlib.contextmanager
@@ -454,6 +471,7 @@ class Model:
             self._be = shared_backend(name, **opts)
             self._pool = WeightPool(self._be, self.graph.initializers.values())
             self._folds, self._casts = FoldCache(), {}
+            self._families = self._new_families()
             self._plan_bytes = 0
 
     def close(self) -> None:

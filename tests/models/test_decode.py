@@ -55,16 +55,18 @@ def _greedy(cfg: Decoder, path: str, backend: str, steps: int, prefill: bool) ->
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_greedy_decode_matches_onnxruntime(backend_name: str, cfg: Decoder, exporter: str) -> None:
     backend = backend_name
-    # The software adapter compiles each step's new kernels (~0.2-1 s a step): fewer steps there.
-    steps = 16 if backend == "wgpu" else 64
+    steps = 64
     # The torchscript exporter bakes the traced sequence length of 1 into LLaMA's attention (ONNX Runtime fails a
     # longer prompt too): that export reads the prompt a token a run.
     prefill = not (exporter == "torchscript" and cfg.arch == "llama")
     model, shapes = _greedy(cfg, str(decoders.export(cfg, exporter)), backend, steps, prefill)
     info = model.cache_info()
-    # Each past length is a plan of its own today (issue 14: shape-polymorphic plans are still to come); the cache
-    # holds them within its bound, and the weights are uploaded once whatever the number of plans.
-    assert info["builds"] == shapes == steps
+    # Planned: the prefill (or, a token a run, past lengths 0 and 1: a dim of 0 or 1 plans apart), then two past
+    # lengths fit a template and a third verifies it; every later length is the template realized
+    # (ember/plan/fit.py): no graph walk.
+    assert shapes == steps
+    assert info["builds"] == (4 if prefill else 5), info
+    assert info["from_template"] == steps - info["builds"]
     assert info["bytes"] <= info["limit_bytes"]
     assert info["weight_bytes"] > 0 and info["evictions"] == 0
 
@@ -83,3 +85,12 @@ def test_a_small_plan_cache_evicts_during_decode_and_stays_correct() -> None:
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     info = model.cache_info()
     assert info["plans"] == 1 and info["builds"] == 6 and info["evictions"] == 5
+
+
+@pytest.mark.parametrize("cfg", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_every_plan_a_decode_takes_from_its_template_equals_a_traced_build(backend_name: str, cfg: Decoder) -> None:
+    # EMBER_TEMPLATE_CHECK traces each shape a template serves and compares the two number for number.
+    with ember.settings.override(template_check=True):
+        model, _ = _greedy(cfg, str(decoders.export(cfg, "dynamo")), backend_name, 12, prefill=False)
+    info = model.cache_info()
+    assert info["builds"] == 5 and info["from_template"] == 7, info

@@ -104,6 +104,7 @@ class Context:
         self.reuse = True
         self._free: list[tuple[int, int]] = []  # (nbytes, handle)
         self._in_use: set[int] = set()  # intermediate handles holding live data
+        self.pinned: set[int] = set()  # allocations never reused (inputs, outputs, uploaded constants)
         self.requested_bytes = 0  # every intermediate allocation, as if none were reused
         self.intermediate_bytes = 0  # what the intermediates really take
         self._uploaded: dict[int, tuple[Tensor, View]] = {}
@@ -134,7 +135,9 @@ class Context:
         if handle is None:
             handle = self.backend.alloc(nbytes)
             self.handles.append(handle)
-            if not pinned:
+            if pinned:
+                self.pinned.add(handle)
+            else:
                 self.intermediate_bytes += nbytes
         if not pinned:
             self._in_use.add(handle)
@@ -142,7 +145,7 @@ class Context:
 
     def release_unreferenced(self, live: set[int]) -> None:
         """Return every intermediate buffer not in `live` to the free list (its readers are recorded)."""
-        for h in [h for h in self._in_use if h not in live]:
+        for h in sorted(h for h in self._in_use if h not in live):  # in allocation order: plans line up
             self._in_use.discard(h)
             self._free.append((self.backend.nbytes(h), h))
 

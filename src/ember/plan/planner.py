@@ -244,6 +244,16 @@ class _Walk:
     def __init__(self, ctx: Context, mixed: _Precision | None, folds: FoldCache | None, limit: int | None) -> None:
         self.ctx, self.mixed, self.folds, self.limit = ctx, mixed, folds, limit
         self.frames: list[Callable[[], Iterable[Tensor]]] = []  # per open scope: the tensors it still reads
+        self.names: dict[int, str] | None = None  # plan_graph's `names`
+        self.depth = 0  # open subgraph scopes (their values' names may shadow the graph's: not learnt)
+        # With `names`: the graph's nodes as planned, (node, op, how, {output: value} of the constants a node
+        # that was not folded made, such as Shape's): the host program computing every constant (tape.py).
+        self.program: list[tuple[Any, Any, str, dict[str, Any]]] = []
+
+    def name(self, name: str, t: Tensor | None) -> None:
+        if self.names is not None and self.depth == 0 and t is not None and t.is_const:
+            self.names.setdefault(id(t), name)
+            self.names.setdefault(id(t.value), name)
 
     def nodes(self, nodes: list[Any], env: MutableMapping[str, Tensor], uses: dict[str, int],
               live_names: set[str]) -> None:
@@ -260,15 +270,22 @@ class _Walk:
                 # Every input is an earlier node's output, a graph input or an initializer: load_onnx checked the
                 # graph (onnx/validate.py).
                 ins = [env[i] if i else None for i in node.inputs]
+                folded = False
                 if op.scoped:
                     outs = op.run_scoped(ctx, ins, lambda g, binds, keep=None: self.subgraph(g, env, binds, keep))
                 elif all(t is None or t.is_const for t in ins):
+                    folded = True
                     outs = self.folds.fold(node, op, ins) if self.folds is not None else fold(op, ins)
                 else:
                     outs = op.run(ctx, *(self.mixed.inputs(op, ins) if self.mixed else ins))
+                if self.names is not None and self.depth == 0:
+                    made = {} if folded else {n: t.value for n, t in zip(node.outputs, outs, strict=False)
+                                              if n and t is not None and t.is_const}
+                    self.program.append((node, op, "scoped" if op.scoped else "fold" if folded else "run", made))
                 for name, t in zip(node.outputs, outs, strict=False):
                     if name:
                         self._check_size(name, t)
+                        self.name(name, t)
                         env[name] = t
                         t.uses += uses.get(name, 0)
                         remaining[name] = uses.get(name, 0)
@@ -302,9 +319,11 @@ class _Walk:
                     live.add(vi.name)
         if keep is not None:
             self.frames.append(keep)
+        self.depth += 1
         try:
             self.nodes(graph.nodes, scope, uses, live)
         finally:
+            self.depth -= 1
             if keep is not None:
                 self.frames.remove(keep)
         return [scope[vi.name] for vi in graph.outputs]
@@ -337,6 +356,23 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
         pool.register(graph.initializers.values())
     ctx = Context(backend, pool)
     ctx.fuse = fuse
+    try:
+        inputs, outputs = plan_graph(ctx, graph, shapes, host_values, precision, casts, folds)
+    except BaseException:
+        for h in ctx.handles:
+            backend.free(h)
+        if pool is not None:
+            pool.release(ctx.shared)
+        raise
+    return Plan(backend, ctx, inputs, outputs)
+
+
+def plan_graph(ctx: Context, graph: Graph, shapes: dict[str, tuple[int, ...]], host_values: dict | None,
+               precision: str, casts: dict | None, folds: FoldCache | None,
+               trace: Any = None) -> tuple[list, list]:
+    """Plan `graph` into `ctx`: the plan's (name, Tensor) inputs and outputs. A `trace` (tape.Tape) learns the
+    graph value each constant tensor planned is (`names`, by id of the tensor and of its array) and the nodes as
+    planned (`program`): template.py's host program."""
     mixed = _Precision(ctx, casts) if precision == "f16" else None
     env: dict[str, Tensor] = {name: Tensor(arr.dtype, arr.shape, value=arr) for name, arr in graph.initializers.items()}
     inputs = []
@@ -352,40 +388,39 @@ def build_plan(graph: Graph, backend: ComputeBackend, shapes: dict[str, tuple[in
         inputs.append((vi.name, t))
         if uses.get(vi.name, 0) > 0:
             live_names.add(vi.name)
-    walk = _Walk(ctx, mixed, folds, backend.max_elements)
-    try:
-        walk.nodes(graph.nodes, env, uses, live_names)
-        outputs = []
-        input_handles = {t.view.handle for _, t in inputs}
-        seen: set[int] = set()
-        for vi in graph.outputs:
-            t = env[vi.name]
-            if mixed and t.dtype.kind == "f" and t.dtype != (vi.dtype or F32) and vi.dtype in (None, F16, F32):
-                # Outputs keep the dtype the model declares (float32 ones were float16 inside the plan; a
-                # float16 one may have come out of an op that ran on float32 copies).
-                want = vi.dtype or F32
-                ctx.node = f"output {vi.name} (to {want})"
-                t = mixed.convert(None, t, want)
-            if t.lazy is not None:
-                ctx.view(t)
-            if vi.dtype is not None and t.dtype != vi.dtype:
-                raise ValueError(f"output {vi.name!r}: the graph declares {vi.dtype}, ember inferred {t.dtype}")
-            if t.view is not None and (not t.view.is_contiguous() or t.view.handle in input_handles
-                                       or t.view.handle in seen):
-                # Views of inputs or of other outputs get their own buffer, so reading one is never stale.
-                copy = ctx.alloc(t.dtype, t.shape, pinned=True)
-                ctx.record(backend.record_elementwise(inp(0, kind_of(t.dtype)), [t.view], copy))
-                t = Tensor(t.dtype, t.shape, view=copy)
-            if t.view is not None:
-                seen.add(t.view.handle)
-            outputs.append((vi.name, t))
-    except BaseException:
-        for h in ctx.handles:
-            backend.free(h)
-        if pool is not None:
-            pool.release(ctx.shared)
-        raise
-    return Plan(backend, ctx, inputs, outputs)
+    walk = _Walk(ctx, mixed, folds, ctx.backend.max_elements)
+    walk.names = names = None if trace is None else trace.names
+    if names is not None:
+        for name, t in env.items():
+            walk.name(name, t)
+    walk.nodes(graph.nodes, env, uses, live_names)
+    if trace is not None:
+        trace.program = walk.program
+    outputs = []
+    input_handles = {t.view.handle for _, t in inputs}
+    seen: set[int] = set()
+    for vi in graph.outputs:
+        t = env[vi.name]
+        if mixed and t.dtype.kind == "f" and t.dtype != (vi.dtype or F32) and vi.dtype in (None, F16, F32):
+            # Outputs keep the dtype the model declares (float32 ones were float16 inside the plan; a
+            # float16 one may have come out of an op that ran on float32 copies).
+            want = vi.dtype or F32
+            ctx.node = f"output {vi.name} (to {want})"
+            t = mixed.convert(None, t, want)
+        if t.lazy is not None:
+            ctx.view(t)
+        if vi.dtype is not None and t.dtype != vi.dtype:
+            raise ValueError(f"output {vi.name!r}: the graph declares {vi.dtype}, ember inferred {t.dtype}")
+        if t.view is not None and (not t.view.is_contiguous() or t.view.handle in input_handles
+                                   or t.view.handle in seen):
+            # Views of inputs or of other outputs get their own buffer, so reading one is never stale.
+            copy = ctx.alloc(t.dtype, t.shape, pinned=True)
+            ctx.record(ctx.backend.record_elementwise(inp(0, kind_of(t.dtype)), [t.view], copy))
+            t = Tensor(t.dtype, t.shape, view=copy)
+        if t.view is not None:
+            seen.add(t.view.handle)
+        outputs.append((vi.name, t))
+    return inputs, outputs
 
 
-__all__ = ["Plan", "View", "build_plan"]
+__all__ = ["Plan", "View", "build_plan", "plan_graph"]

@@ -1,0 +1,126 @@
+"""A model's plans for shapes that change: traced builds, grouped into families that templates are fitted to.
+
+A family is the input shapes a model sees with the same ranks (and the same values of inputs used as shape
+arithmetic). Each new shape of a family is first looked up in its verified templates (template.py): on a
+template's line, the plan is the template realized at that point, with no graph walk. Otherwise the shape is
+traced and realized (a build), and the tape is paired with the family's recent tapes: two whose shapes differ
+make a candidate template, and a later build on a candidate's line verifies it. A KV-cache decode (past length
+P, mask length P + 1) therefore builds three plans and realizes every later length from a template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import settings
+from ..backends.base import ComputeBackend
+from ..ir import Graph
+from .fit import MAX_DEGREE, Template
+from .folding import FoldCache
+from .planner import Plan
+from .tape import Refused, Tape
+from .template import Mismatch, own_point, realize, trace
+from .weights import WeightPool
+
+Shapes = dict[str, tuple[int, ...]]
+
+RECENT_TAPES = 3  # per family: the tapes new builds are paired with
+CANDIDATES = 4  # per family: candidate templates waiting for a build on their line
+
+
+class _Family:
+    def __init__(self) -> None:
+        self.tapes: list[tuple[Tape, Shapes]] = []
+        self.candidates: list[Template] = []
+        self.templates: list[Template] = []
+
+
+class Families:
+    """The traced plans of one model (see the module docstring). `refused` says why tracing is off for this
+    model, once a build could not be traced (it then builds as before)."""
+
+    def __init__(self, graph: Graph, backend: ComputeBackend, pool: WeightPool, folds: FoldCache | None,
+                 casts: dict | None, fuse: bool, precision: str) -> None:
+        self.graph, self.backend, self.pool, self.folds, self.casts = graph, backend, pool, folds, casts
+        self.fuse, self.precision = fuse, precision
+        self._families: dict[tuple, _Family] = {}
+        self.refused: str | None = None
+        self.realized = 0  # plans made from a template
+        self.traced = 0  # plans made by a traced build
+
+    def make(self, shapes: Shapes, host: dict[str, np.ndarray], build: Callable[[], Plan]) -> tuple[Plan, bool]:
+        """(the plan for these shapes, whether it was built); `build` plans the graph the usual way, for
+        models whose builds cannot be traced."""
+        if self.refused is not None:
+            return build(), True
+        key = (tuple(len(s) for s in shapes.values()), tuple((n, np.asarray(v).tobytes()) for n, v in host.items()))
+        family = self._families.setdefault(key, _Family())
+        for template in family.templates:
+            v = template.predict(shapes)
+            if v is None:
+                continue
+            try:
+                plan = realize(template.tape, template.point(v, self.pool), self.backend, self.pool)
+            except Mismatch:
+                continue
+            self.realized += 1
+            plan.stats["plan.source"] = "template"
+            if settings.TEMPLATE_CHECK.get():
+                self._check(template, shapes, host, plan)
+            return plan, False
+        try:
+            tape = self._trace(shapes, host)
+        except Refused as e:
+            self.refused = str(e)
+            return build(), True
+        try:
+            plan = realize(tape, own_point(tape), self.backend, self.pool)
+        finally:
+            self.pool.release(tape.shared)
+        self.traced += 1
+        plan.stats["plan.source"] = "traced"
+        self._learn(family, tape, shapes, host)
+        return plan, True
+
+    def _trace(self, shapes: Shapes, host: dict[str, np.ndarray]) -> Tape:
+        return trace(self.graph, self.backend, shapes, host, fuse=self.fuse, precision=self.precision, pool=self.pool,
+                     folds=self.folds, casts=self.casts)
+
+    def _learn(self, family: _Family, tape: Tape, shapes: Shapes, host: dict[str, np.ndarray]) -> None:
+        for candidate in list(family.candidates):
+            if candidate.predict(shapes) is None:
+                continue
+            family.candidates.remove(candidate)
+            if candidate.verify(tape, shapes, self.pool):
+                family.templates.append(candidate)
+                family.tapes.clear()
+                family.candidates.clear()
+                return
+            if candidate.degree < MAX_DEGREE:  # not a line: perhaps a parabola (sizes in v²), verified by the next
+                self._candidate(family, host, [*candidate.sources, (tape, shapes)])
+        for old in family.tapes:
+            self._candidate(family, host, [old, (tape, shapes)])
+        del family.candidates[:-CANDIDATES]
+        family.tapes.append((tape, shapes))
+        del family.tapes[:-RECENT_TAPES]
+
+    def _candidate(self, family: _Family, host: dict[str, np.ndarray], sources: list[tuple[Tape, Shapes]]) -> None:
+        try:
+            family.candidates.append(Template(self.graph, self.folds, host, sources))
+        except Refused:
+            pass
+
+    def _check(self, template: Template, shapes: Shapes, host: dict[str, np.ndarray], plan: Plan) -> None:
+        tape = self._trace(shapes, host)
+        self.pool.release(tape.shared)
+        if not template.verify(tape, shapes, self.pool):
+            plan.free()
+            raise RuntimeError(f"EMBER_TEMPLATE_CHECK: the plan the template made for shapes {shapes} differs from "
+                               "a traced build of them")
+
+    def info(self) -> dict[str, Any]:
+        return {"traced": self.traced, "realized": self.realized,
+                "templates": sum(len(f.templates) for f in self._families.values())}

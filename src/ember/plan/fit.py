@@ -1,0 +1,266 @@
+"""Templates: traced builds of a model fitted in one input dim, so a plan for a new value is a realized tape.
+
+Tapes (tape.py) of the same model that line up call by call (`Tape.signature`) and whose input shapes differ in
+dims that move together are fitted number by number as a polynomial in one input dim v through their points
+(exact rationals, Newton's form; an array element by element): two tapes give lines (a decode's past length:
+sizes a + b·v), three give parabolas (an encoder's sequence length: its attention scores are v² elements). A
+constant that differs between them is recomputed by the host program: the folded nodes behind it run again
+from the fitted values of the Shape-like nodes that fed them. One more traced build, not used for the fit, must
+agree number for number (`verify`) before the template is used. A value at which a size would not be a whole
+number is a `Mismatch`, and the caller traces a build instead.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from ..ir import Graph
+from ..ops import Tensor
+from .folding import FoldCache, fold
+from .tape import Refused, Tape
+from .template import Mismatch, Point, equal_leaves, own_point
+from .weights import WeightPool
+
+Shapes = dict[str, tuple[int, ...]]
+Var = tuple[str, int]  # (input name, axis): the dim a template is fitted in
+MAX_DEGREE = 2
+
+
+def _newton(vs: list[int], ys: list[Any]) -> list[Any]:
+    """Newton's divided differences of the points (exact for ints, via Fraction)."""
+    coef = list(ys)
+    k = len(vs)
+    for j in range(1, k):
+        for i in range(k - 1, j - 1, -1):
+            coef[i] = (coef[i] - coef[i - 1]) / (vs[i] - vs[i - j])
+    return coef
+
+
+def fit(values: list[Any], vs: list[int]) -> tuple:
+    """One number of the tapes at the points `vs`: ("c", value) where it does not move, else a polynomial."""
+    x = values[0]
+    if any(isinstance(y, np.ndarray) for y in values):
+        if not all(isinstance(y, np.ndarray) and y.dtype == x.dtype and y.shape == x.shape for y in values):
+            raise Refused("an array argument changes type or shape with the input dims")
+        if all(np.array_equal(x, y, equal_nan=x.dtype.kind == "f") for y in values[1:]):
+            return ("c", x)
+        if x.dtype.kind not in "iu" or x.size > 4096:
+            raise Refused("an array argument changes values that are not small integer arrays")
+        ys = [np.array([Fraction(int(e)) for e in y.reshape(-1)], dtype=object) for y in values]
+        return ("a", vs, _newton(vs, ys), x.dtype, x.shape)
+    if any(type(y) is not type(x) for y in values):
+        raise Refused("a number changes type with the input dims")
+    if all(y == x or (isinstance(x, float) and math.isnan(x) and math.isnan(y)) for y in values[1:]):
+        return ("c", x)
+    if isinstance(x, float):
+        return ("f", vs, _newton(vs, values))
+    coef = _newton(vs, [Fraction(y) for y in values])
+    if all(c.denominator == 1 for c in coef):
+        coef = [int(c) for c in coef]
+    return ("i", vs, coef)
+
+
+def _horner(vs: list[int], coef: list[Any], v: int) -> Any:
+    value = coef[-1]
+    for i in range(len(coef) - 2, -1, -1):
+        value = value * (v - vs[i]) + coef[i]
+    return value
+
+
+def at(f: tuple, v: int) -> Any:
+    """A fitted number at v."""
+    kind = f[0]
+    if kind == "c":
+        return f[1]
+    value = _horner(f[1], f[2], v)
+    if kind == "f":
+        return float(value)
+    if kind == "i":
+        if isinstance(value, Fraction):
+            if value.denominator != 1:
+                raise Mismatch(f"a size would be {value} at {v}")
+            return int(value)
+        return value
+    if any(e.denominator != 1 for e in value):
+        raise Mismatch(f"an index array would not be whole at {v}")
+    return np.array([int(e) for e in value], dtype=f[3]).reshape(f[4])
+
+
+class _Same(list):
+    """An entry's numbers that are the same at every point."""
+
+
+def _fixed(fits: list[tuple]) -> bool:
+    return all(f[0] == "c" for f in fits)
+
+
+def _fits(columns: list[list[Any]], vs: list[int]) -> list[tuple]:
+    return [fit(list(values), vs) for values in zip(*columns, strict=True)]
+
+
+class Template:
+    """Traced builds of one model fitted in one input dim (see the module docstring)."""
+
+    def __init__(self, graph: Graph, folds: FoldCache | None, host_values: dict,
+                 sources: list[tuple[Tape, Shapes]]) -> None:
+        if not 2 <= len(sources) <= MAX_DEGREE + 1:
+            raise Refused(f"a template is fitted to 2 to {MAX_DEGREE + 1} builds")
+        tapes = [t for t, _ in sources]
+        shapes = [s for _, s in sources]
+        first = tapes[0].signature()
+        if any(t.signature() != first for t in tapes[1:]):
+            raise Refused("the builds differ in more than numbers")
+        s0, s1 = shapes[0], shapes[1]
+        moved = [(n, ax) for n in s0 for ax, (x, y) in enumerate(zip(s0[n], s1[n], strict=True)) if x != y]
+        if not moved:
+            raise Refused("the builds have the same shapes")
+        if any(min(vals) < 2 for n in s0 for vals in zip(*(s[n] for s in shapes), strict=True) if len(set(vals)) > 1):
+            raise Refused("a dim that moves is 0 or 1 in a build (no work, broadcast strides): planned apart")
+        self.var: Var = moved[0]
+        vs = [s[self.var[0]][self.var[1]] for s in shapes]
+        if len(set(vs)) != len(vs):
+            raise Refused("two builds share the value of the fitted dim")
+        self.vs = vs
+        self.sources = sources
+        self.graph, self.folds, self.host_values, self.tape = graph, folds, host_values, tapes[0]
+        self.dims = {n: _fits([list(s[n]) for s in shapes], vs) for n in s0}
+        entries = list(zip(*(t.entries for t in tapes), strict=True))
+        leaves = [_fits([e.leaves for e in group], vs) for group in entries]
+        results = [_fits([e.result_leaves for e in group], vs) for group in entries]
+        self.io = _fits([t.io[1] for t in tapes], vs)
+        # Questions whose arguments and answers are the same at every point are not asked again.
+        self.ask = {i for i, (group, a, r) in enumerate(zip(entries, leaves, results, strict=True))
+                    if group[0].kind == "query" and not (_fixed(a) and _fixed(r))}
+        self.leaves = [_Same(f[1] for f in fits) if _fixed(fits) else fits for fits in leaves]
+        self.results = [_Same(f[1] for f in fits) if _fixed(fits) else fits for fits in results]
+        self.consts: dict[int, tuple] = {}  # entry -> ("c", key, value) or ("p", graph value)
+        wanted = set()
+        for i, group in enumerate(entries):
+            if group[0].kind != "const":
+                continue
+            if all(e.const[0] == group[0].const[0] for e in group):
+                self.consts[i] = ("c", group[0].const[0], group[0].const[1])
+            elif group[0].const[2] is None:
+                raise Refused("a constant that changes with the shapes is not a value of the graph")
+            else:
+                self.consts[i] = ("p", group[0].const[2])
+                wanted.add(group[0].const[2])
+        self.program = self._program(tapes, wanted) if wanted else []
+
+    @property
+    def degree(self) -> int:
+        return len(self.vs) - 1
+
+    def _program(self, tapes: list[Tape], wanted: set[str]) -> list[tuple]:
+        """The nodes computing the `wanted` constants: ("fold", node, op) run again, ("run", {output: fit}) for
+        the constants of a node that was planned (Shape's dims), in graph order."""
+        first = tapes[0].program
+        if any(len(t.program) != len(first) for t in tapes[1:]):
+            raise Refused("the builds planned different nodes")
+        producer = {o: i for i, (node, _, _, _) in enumerate(first) for o in node.outputs if o}
+        chosen: dict[int, tuple] = {}
+        stack = list(wanted)
+        seen: set[str] = set()
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            i = producer.get(name)
+            if i is None:
+                if name not in self.graph.initializers and name not in self.host_values:
+                    raise Refused(f"constant {name!r} comes from outside the graph's nodes")
+                continue
+            node, op, how, made = first[i]
+            if how == "fold":
+                chosen[i] = ("fold", node, op)
+                stack += [n for n in (*node.inputs, *node.implicit) if n]
+            elif how == "run" and name in made:
+                fits = chosen[i][1] if i in chosen else {}
+                fits[name] = fit([np.asarray(t.program[i][3][name]) for t in tapes], self.vs)
+                chosen[i] = ("run", fits)
+            else:
+                raise Refused(f"constant {name!r} comes from a node the host cannot run again ({node.op_type})")
+        return [chosen[i] for i in sorted(chosen)]
+
+    def predict(self, shapes: Shapes) -> int | None:
+        """The template's v for these input shapes, or None if they are not on its curve."""
+        name, axis = self.var
+        if name not in shapes or len(shapes[name]) != len(self.dims[name]):
+            return None
+        v = shapes[name][axis]
+        if min((d for n, dims in shapes.items() for d, f in zip(dims, self.dims[n], strict=False) if f[0] != "c"),
+               default=2) < 2:
+            return None  # a dim of 0 or 1 plans differently (no work, broadcast strides): traced on its own
+        try:
+            for n, fits in self.dims.items():
+                got = shapes.get(n)
+                if got is None or len(got) != len(fits) or any(at(f, v) != d for f, d in zip(fits, got, strict=True)):
+                    return None
+        except Mismatch:
+            return None
+        return v
+
+    def point(self, v: int, pool: WeightPool) -> Point:
+        """The tape's numbers at v (Mismatch where they are not whole)."""
+        leaves = [fits if isinstance(fits, _Same) else [at(f, v) for f in fits] for fits in self.leaves]
+        results = [fits if isinstance(fits, _Same) else [at(f, v) for f in fits] for fits in self.results]
+        io = [at(f, v) for f in self.io]
+        values = self._run_program(v) if self.program else {}
+        consts = {}
+        for i, c in self.consts.items():
+            if c[0] == "c":
+                consts[i] = (c[1], c[2])
+                continue
+            value = values[c[1]]
+            dtype = np.dtype(self.tape.entries[i].skeleton[0])
+            if value.size != leaves[i][0]:
+                raise Mismatch(f"constant {c[1]!r} has {value.size} elements at {v}, the template expected "
+                               f"{leaves[i][0]}")
+            consts[i] = (pool.key(value, dtype, value.size, {})[0], value)
+        return Point(leaves, results, io, consts, self.ask)
+
+    def _run_program(self, v: int) -> dict[str, np.ndarray]:
+        env: dict[str, np.ndarray] = {}
+
+        def value(name: str) -> Tensor | None:
+            if not name:
+                return None
+            arr = env.get(name)
+            if arr is None:
+                arr = self.graph.initializers.get(name)
+            if arr is None:
+                arr = self.host_values[name]
+            return Tensor(arr.dtype, arr.shape, value=arr)
+
+        for step in self.program:
+            if step[0] == "run":
+                for name, f in step[1].items():
+                    env[name] = np.asarray(at(f, v))
+                continue
+            _, node, op = step
+            ins = [value(n) for n in node.inputs]
+            outs = self.folds.fold(node, op, ins) if self.folds is not None else fold(op, ins)
+            for name, t in zip(node.outputs, outs, strict=False):
+                if name and t is not None:
+                    env[name] = np.asarray(t.value)
+        return env
+
+    def verify(self, tape: Tape, shapes: Shapes, pool: WeightPool) -> bool:
+        """Whether another build, `tape` at `shapes`, is what the template says it is, number for number."""
+        v = self.predict(shapes)
+        if v is None or v in self.vs or tape.signature() != self.tape.signature():
+            return False
+        try:
+            p = self.point(v, pool)
+        except Mismatch:
+            return False
+        own = own_point(tape)
+        return (all(equal_leaves(x, y) for x, y in zip(p.leaves, own.leaves, strict=True))
+                and all(equal_leaves(x, y) for x, y in zip(p.results, own.results, strict=True))
+                and equal_leaves(p.io, own.io)
+                and all(p.consts[i][0] == own.consts[i][0] for i in p.consts))
