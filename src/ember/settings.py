@@ -153,7 +153,7 @@ CPU_THREADS = _declare("cpu_threads", "EMBER_CPU_THREADS", _count, None, "count"
                        "cpu: threads of the backend's pool (read when it is made); unset: the cores, at most 4.")
 TEMPLATES = _declare("templates", "EMBER_TEMPLATES", _flag, True, "bool",
                      "Plans for new input shapes of a model with symbolic dims made from a template fitted to "
-                     "earlier builds (ember/plan/template.py) instead of planning the graph again.")
+                     "earlier builds (ember/plan/fit.py) instead of planning the graph again.")
 TEMPLATE_CHECK = _declare("template_check", "EMBER_TEMPLATE_CHECK", _flag, False, "bool",
                           "Check every plan made from a template against a full trace of its shapes (slow; "
                           "a difference raises RuntimeError). For tests.")
