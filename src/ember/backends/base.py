@@ -51,6 +51,9 @@ class ComputeBackend(ABC):
     # The most elements a tensor may have on this backend (its kernels index with 32-bit integers); None: no
     # limit but memory. Planning checks every buffer against it, so an oversized tensor is a ValueError at load.
     max_elements: int | None = None
+    # Record methods that accept runtime_sizes=True: the sizes reach the kernel at run time, so plans made from a
+    # template (ember.plan.fit) at new sizes reuse the kernel (wgpu: no new pipeline).
+    RUNTIME_SIZES: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
         self._initialized = False

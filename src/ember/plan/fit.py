@@ -135,6 +135,7 @@ class Template:
         # Questions whose arguments and answers are the same at every point are not asked again.
         self.ask = {i for i, (group, a, r) in enumerate(zip(entries, leaves, results, strict=True))
                     if group[0].kind == "query" and not (_fixed(a) and _fixed(r))}
+        self.moving = {i for i, fits in enumerate(leaves) if not _fixed(fits)}
         self.leaves = [_Same(f[1] for f in fits) if _fixed(fits) else fits for fits in leaves]
         self.results = [_Same(f[1] for f in fits) if _fixed(fits) else fits for fits in results]
         self.consts: dict[int, tuple] = {}  # entry -> ("c", key, value) or ("p", graph value)
@@ -222,7 +223,7 @@ class Template:
                 raise Mismatch(f"constant {c[1]!r} has {value.size} elements at {v}, the template expected "
                                f"{leaves[i][0]}")
             consts[i] = (pool.key(value, dtype, value.size, {})[0], value)
-        return Point(leaves, results, io, consts, self.ask)
+        return Point(leaves, results, io, consts, self.ask, self.moving)
 
     def _run_program(self, v: int) -> dict[str, np.ndarray]:
         env: dict[str, np.ndarray] = {}

@@ -77,6 +77,7 @@ class Point:
     io: list[Any]
     consts: dict[int, tuple[Any, Any]]
     ask: set[int]  # the questions ("query" entries) to ask again: their answers may differ here
+    moving: set[int] = dataclasses.field(default_factory=set)  # record calls whose numbers move with the dim
 
 
 def own_point(tape: Tape) -> Point:
@@ -211,6 +212,8 @@ def realize(tape: Tape, point: Point, backend: ComputeBackend, pool: WeightPool)
                 backend.upload(a[0], a[1])
                 continue
             target = getattr(backend, e.method) if e.receiver is None else fn(e.receiver)
+            if i in point.moving and e.receiver is None and e.method in backend.RUNTIME_SIZES:
+                kw = {**kw, "runtime_sizes": True}  # one kernel for every point of the template
             result = target(*a, **kw)
             if e.kind == "steps":
                 results[i] = result

@@ -516,8 +516,15 @@ class WgpuBackend(ComputeBackend):
             lib.wgpuBufferUnmap(buf)
 
     # ---- primitives: the ComputeBackend methods, each forwarded to the kernel registered under its name -------
-    def record_elementwise(self, expr: Expr, inputs: list[View], out: View) -> list:
-        return KERNELS["record_elementwise"](self, expr, inputs, out)
+    # Record methods that take runtime_sizes=True (sizes in a uniform buffer, not in the kernel's source).
+    RUNTIME_SIZES = frozenset({"record_elementwise"})
+
+    def record_elementwise(self, expr: Expr, inputs: list[View], out: View, runtime_sizes: bool = False) -> list:
+        return KERNELS["record_elementwise"](self, expr, inputs, out, runtime_sizes)
+
+    def uniform_buffer(self, values: np.ndarray) -> Any:
+        """A small uniform buffer holding `values` (a dispatch's own: kept by it)."""
+        return self.device.create_buffer_with_data(data=values.tobytes(), usage=wgpu.BufferUsage.UNIFORM)
 
     def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
                       beta: float = 1.0, act: Expr | None = None) -> list:

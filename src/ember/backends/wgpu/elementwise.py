@@ -53,15 +53,35 @@ def _widen(raw: str, storage: str) -> str:
     return as_f32(raw, storage)
 
 
+class _Sizes:
+    """How a size reaches the kernel: as a literal, or (`lifted`, a list the values go to) read from the
+    uniform array `sz`, so kernels that differ only in sizes are one pipeline."""
+
+    def __init__(self, lifted: list[int] | None) -> None:
+        self.lifted = lifted
+
+    def i(self, x: int) -> str:  # as an i32 expression
+        if self.lifted is None:
+            return str(x)
+        self.lifted.append(int(x))
+        k = len(self.lifted) - 1
+        return f"sz[{k // 4}][{k % 4}]"
+
+    def u(self, x: int) -> str:  # as a u32 expression
+        return f"{x}u" if self.lifted is None else f"u32({self.i(x)})"
+
+
 def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, ...],
              in_strides: list[tuple[int, ...]], in_offsets: list[int], out_strides: tuple[int, ...],
              out_offset: int, alias: list[bool], in_shapes: list[tuple[int, ...]] | None = None,
-             out_dtype: Any = None) -> str:
+             out_dtype: Any = None, lifted: list[int] | None = None) -> str:
     """WGSL for out[...] = expr(...) over an output window of `shape` (strided or not).
 
     `in_shapes` are needed for inputs read by `load` (their own shapes); `out_dtype`, the logical output
-    dtype, makes narrow ints wrap on store.
+    dtype, makes narrow ints wrap on store. With `lifted` (a list), sizes, strides and offsets are not in the
+    source: they are appended to the list, for a uniform array bound after the output.
     """
+    sz = _Sizes(lifted)
     total = math.prod(shape)
     indexed = expr.indexed()
     direct = expr.direct()
@@ -75,13 +95,14 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
     linear = list(View.contiguous(0, np.float32, tuple(dims)).strides)
     out_plain = out_ss == linear
     body = [f"    let gid = (wid.y * nwg.x + wid.x) * {WORKGROUP}u + lid.x;",
-            f"    if (gid >= {total}u) {{ return; }}"]
+            f"    if (gid >= {sz.u(total)}) {{ return; }}"]
     # Coordinates only when some operand is not addressed by the output's linear index.
     plain = [st == linear or i not in direct for i, st in enumerate(in_ss)]
     if dims and (indexed or not all(plain) or not out_plain):
         body.append("    var r = i32(gid);")
         for j in range(len(dims) - 1, 0, -1):
-            body.append(f"    let c{j} = r % {dims[j]}; r = r / {dims[j]};")
+            d = sz.i(dims[j])
+            body.append(f"    let c{j} = r % {d}; r = r / {d};")
         body.append("    let c0 = r;")
     loads = []
     decls = []
@@ -93,10 +114,10 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
             loads.append("")  # read by `load` only: see gather()
             continue
         if plain[i]:
-            idx = "gid" if off == 0 else f"gid + {off}u"  # addressed by the output's linear index
+            idx = "gid" if off == 0 else f"gid + {sz.u(off)}"  # addressed by the output's linear index
         else:
-            terms = [f"c{j} * {s}" for j, s in enumerate(st) if s != 0]
-            idx = f"u32({' + '.join([str(off), *terms])})"
+            terms = [f"c{j} * {sz.i(s)}" for j, s in enumerate(st) if s != 0]
+            idx = f"u32({' + '.join([sz.i(off), *terms])})"
         raw = f"{'out' if alias[i] else f'in{i}'}[{idx}]"
         loads.append(_widen(raw, t))
 
@@ -107,9 +128,9 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
         assert in_shapes is not None, "load needs the input shapes"
         if math.prod(in_shapes[i]) == 0:
             return {"f32": "0.0", "f16": "0.0", "i32": "0i", "u32": "false"}[in_types[i]]  # nothing to read
-        terms = [f"clamp({a}, 0i, {max(n - 1, 0)}i) * {st}" for a, n, st in
+        terms = [f"clamp({a}, 0i, {sz.i(max(n - 1, 0))}) * {sz.i(st)}" for a, n, st in
                  zip(idx, in_shapes[i], in_strides[i], strict=True) if n > 1 and st != 0]
-        raw = f"in{i}[u32({' + '.join([str(in_offsets[i]), *terms])})]"
+        raw = f"in{i}[u32({' + '.join([sz.i(in_offsets[i]), *terms])})]"
         return _widen(raw, in_types[i])
 
     em = ExprEmitter(loads, gather)
@@ -124,11 +145,13 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
     if out_type == "i32" and out_dtype is not None and np.dtype(out_dtype).name in _WRAP:
         value = _WRAP[np.dtype(out_dtype).name].format(value)
     if out_plain:
-        out_idx = "gid" if out_offset == 0 else f"gid + {out_offset}u"
+        out_idx = "gid" if out_offset == 0 else f"gid + {sz.u(out_offset)}"
     else:
-        out_idx = f"u32({' + '.join([str(out_offset), *(f'c{j} * {s}' for j, s in enumerate(out_ss) if s)])})"
+        out_idx = f"u32({' + '.join([sz.i(out_offset), *(f'c{j} * {sz.i(s)}' for j, s in enumerate(out_ss) if s)])})"
     body.append(f"    out[{out_idx}] = {value};")
     nbind = len(in_types)
+    if lifted is not None:
+        decls.append(f"@group(0) @binding({nbind + 1}) var<uniform> sz: array<vec4<i32>, {max(-(-len(lifted) // 4), 1)}>;")
     return "\n".join([
         PRELUDE,
         *decls,
@@ -142,7 +165,10 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
 
 
 @kernel("record_elementwise")
-def record_elementwise(be: WgpuBackend, expr: Expr, inputs: list[View], out: View) -> list[Any]:
+def record_elementwise(be: WgpuBackend, expr: Expr, inputs: list[View], out: View,
+                       runtime_sizes: bool = False) -> list[Any]:
+    """`runtime_sizes`: the sizes in a uniform buffer of the dispatch's own, not in the source, so the same
+    kernel at other sizes (a plan made from a template: ember/plan/fit.py) reuses its pipeline."""
     if expr.nodes() > MAX_EXPR_NODES:
         raise ValueError(f"elementwise expression of {expr.nodes()} nodes exceeds the cap of {MAX_EXPR_NODES}")
     total = out.size
@@ -156,11 +182,16 @@ def record_elementwise(be: WgpuBackend, expr: Expr, inputs: list[View], out: Vie
     for i, v in enumerate(inputs):
         if alias[i] and (in_types[i] != out_type or v.strides != out.strides or v.offset != out.offset):
             raise ValueError("record_elementwise: an input aliasing the output must have the output's layout")
+    lifted: list[int] | None = [] if runtime_sizes else None
     src = generate(expr, in_types, out_type, out.shape, [v.strides for v in inputs], [v.offset for v in inputs],
-                   out.strides, out.offset, alias, [v.shape for v in inputs], out.dtype)
+                   out.strides, out.offset, alias, [v.shape for v in inputs], out.dtype, lifted)
     pipeline = be.pipeline(f"ew:{expr.op}", src)
     # Bindings are numbered by input position; an input aliasing the output is read through `out`.
     used = expr.inputs()
     bindings = {i: v.handle for i, v in enumerate(inputs) if not alias[i] and i in used}
     bindings[len(inputs)] = out.handle
+    if lifted is not None:
+        values = np.zeros(max(-(-len(lifted) // 4), 1) * 4, np.int32)
+        values[:len(lifted)] = lifted
+        bindings[len(inputs) + 1] = be.uniform_buffer(values)
     return [be.dispatch(pipeline, bindings, grid_1d(-(-total // WORKGROUP)), f"ew:{expr.op}")]

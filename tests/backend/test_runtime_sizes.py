@@ -1,0 +1,61 @@
+"""wgpu's elementwise kernels with their sizes in a uniform buffer (`runtime_sizes=True`, what plans made from a
+template record): the same results as the kernels with sizes in the source, over strided, broadcast, offset
+and index-computed (`load`) operands, and one pipeline for every size of the same structure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember.backends.base import View
+from ember.core.expr import call, coord, inp, load
+
+from .helpers import download, poisoned, upload
+
+
+@pytest.fixture
+def gpu(wgpu_be):
+    return wgpu_be
+
+
+def _run(be, expr, views, arrays, out_shape, runtime: bool) -> np.ndarray:
+    handles = [upload(be, a) for a in arrays]
+    ins = [View(h, v.dtype, v.shape, v.strides, v.offset) for h, v in zip(handles, views, strict=True)]
+    n = int(np.prod(out_shape))
+    out = poisoned(be, n)
+    be.execute(be.record_elementwise(expr, ins, View.contiguous(out, np.float32, out_shape), runtime_sizes=runtime))
+    got = download(be, out, out_shape)
+    for h in (*handles, out):
+        be.free(h)
+    return got
+
+
+@pytest.mark.parametrize("length", [5, 17, 130])
+def test_runtime_sizes_match_literal_sizes(gpu, length: int) -> None:
+    rng = np.random.default_rng(length)
+    f32 = np.dtype(np.float32)
+    a = rng.standard_normal((3, length, 8)).astype(np.float32)
+    b = rng.standard_normal(2 + 8 * length).astype(np.float32)
+    # a transposed (strided), b with an offset broadcast along dim 0, a row read at a computed index.
+    va = View(0, f32, (3, 8, length), (8 * length, 1, 8), 0)
+    vb = View(0, f32, (3, 8, length), (0, 1, 8), 2)
+    vc = View(0, f32, (3, length, 8), (8 * length, 8, 1), 0)
+    expr = call("add", call("mul", inp(0), inp(1)), load(2, coord(0), coord(2), coord(1)))
+    literal = _run(gpu, expr, [va, vb, vc], [a, b, a], (3, 8, length), False)
+    lifted = _run(gpu, expr, [va, vb, vc], [a, b, a], (3, 8, length), True)
+    np.testing.assert_array_equal(lifted, literal)
+    want = np.transpose(a, (0, 2, 1)) * b[2:].reshape(length, 8).T[None] + np.transpose(a, (0, 2, 1))
+    np.testing.assert_allclose(lifted, want, rtol=1e-6, atol=1e-6)
+
+
+def test_runtime_sizes_share_one_pipeline_across_sizes(gpu) -> None:
+    f32 = np.dtype(np.float32)
+    for length in (6, 7):  # the first compiles the kernel
+        a = np.ones((4, length), np.float32)
+        _run(gpu, call("relu", inp(0)), [View(0, f32, (length, 4), (1, length), 0)], [a], (length, 4), True)
+    before = gpu.pipelines_created
+    for length in (9, 33, 100):
+        a = np.arange(4 * length, dtype=np.float32).reshape(4, length) - 50
+        got = _run(gpu, call("relu", inp(0)), [View(0, f32, (length, 4), (1, length), 0)], [a], (length, 4), True)
+        np.testing.assert_array_equal(got, np.maximum(a.T, 0))
+    assert gpu.pipelines_created == before
