@@ -151,7 +151,8 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
     body.append(f"    out[{out_idx}] = {value};")
     nbind = len(in_types)
     if lifted is not None:
-        decls.append(f"@group(0) @binding({nbind + 1}) var<uniform> sz: array<vec4<i32>, {max(-(-len(lifted) // 4), 1)}>;")
+        words = max(-(-len(lifted) // 4), 1)
+        decls.append(f"@group(0) @binding({nbind + 1}) var<uniform> sz: array<vec4<i32>, {words}>;")
     return "\n".join([
         PRELUDE,
         *decls,
