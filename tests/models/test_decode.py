@@ -94,3 +94,19 @@ def test_every_plan_a_decode_takes_from_its_template_equals_a_traced_build(backe
         model, _ = _greedy(cfg, str(decoders.export(cfg, "dynamo")), backend_name, 12, prefill=False)
     info = model.cache_info()
     assert info["builds"] == 5 and info["from_template"] == 7, info
+
+
+def test_precision_f16_decode_is_made_from_a_template() -> None:
+    # precision="f16" casts the constants that move with the past length (the position embedding row): the
+    # template recomputes them and casts them again, saturated as the planner does.
+    path = str(decoders.export(GPT2, "dynamo"))
+    m32 = ember.load_onnx(path, backend="wgpu")
+    m16 = ember.load_onnx(path, backend="wgpu", precision="f16")
+    with ember.settings.override(template_check=True):
+        for length in range(2, 14):
+            feeds = {"input_ids": np.array([[7]], np.int64), "attention_mask": np.ones((1, length + 1), np.int64),
+                     **GPT2.past(1, length, seed=length)}
+            got, want = m16.run(feeds)["logits"], m32.run(feeds)["logits"]
+            assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max(), length
+    info = m16.cache_info()
+    assert info["builds"] == 3 and info["from_template"] == 9, info

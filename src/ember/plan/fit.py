@@ -21,6 +21,7 @@ import numpy as np
 from ..ir import Graph
 from ..ops import Tensor
 from .folding import FoldCache, fold
+from .planner import F16, f16_copy
 from .tape import Refused, Tape
 from .template import Mismatch, Point, equal_leaves, own_point
 from .weights import WeightPool
@@ -148,8 +149,9 @@ class Template:
             elif group[0].const[2] is None:
                 raise Refused("a constant that changes with the shapes is not a value of the graph")
             else:
-                self.consts[i] = ("p", group[0].const[2])
-                wanted.add(group[0].const[2])
+                link = group[0].const[2]  # a graph value, or (a graph value, the dtype it was cast to)
+                self.consts[i] = ("p", link)
+                wanted.add(link if isinstance(link, str) else link[0])
         self.program = self._program(tapes, wanted) if wanted else []
 
     @property
@@ -217,8 +219,11 @@ class Template:
             if c[0] == "c":
                 consts[i] = (c[1], c[2])
                 continue
-            value = values[c[1]]
             dtype = np.dtype(self.tape.entries[i].skeleton[0])
+            if isinstance(c[1], str):
+                value = values[c[1]]
+            else:  # precision="f16"'s copy, saturated as the planner's is
+                value = f16_copy(values[c[1][0]]) if np.dtype(c[1][1]) == F16 else values[c[1][0]].astype(c[1][1])
             if value.size != leaves[i][0]:
                 raise Mismatch(f"constant {c[1]!r} has {value.size} elements at {v}, the template expected "
                                f"{leaves[i][0]}")

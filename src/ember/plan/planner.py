@@ -167,6 +167,12 @@ F32 = np.dtype(np.float32)
 F16_MAX = float(np.finfo(np.float16).max)
 
 
+def f16_copy(value: np.ndarray) -> np.ndarray:
+    """A float constant as float16, saturated as ONNX's float16 converters do: an exported mask constant such as
+    float32's lowest value would become -inf, and 0 * -inf = NaN where the model meant 0."""
+    return np.where(np.isfinite(value), np.clip(value, -F16_MAX, F16_MAX), value).astype(F16)
+
+
 declare_counters("f16.nodes", "f16.nodes_in_f32")  # _Precision.inputs
 
 
@@ -204,11 +210,7 @@ class _Precision:
                 converted = hit
             else:
                 value = np.asarray(t.value)
-                if dtype == F16:
-                    # Saturate, as ONNX's float16 converters do: an exported mask constant such as float32's lowest
-                    # value would become -inf, and 0 * -inf = NaN where the model meant 0.
-                    value = np.where(np.isfinite(value), np.clip(value, -F16_MAX, F16_MAX), value)
-                converted = value.astype(dtype)
+                converted = f16_copy(value) if dtype == F16 else value.astype(dtype)
                 if weight is not None:
                     converted.flags.writeable = False
                     self.casts[(weight, dtype.str)] = converted

@@ -294,6 +294,13 @@ class TracingContext(Context):
         self.tape = tape
         self.backend = TapeBackend(backend, tape)
 
+    def derived(self, value: np.ndarray, source: Any, transform: Any) -> None:
+        super().derived(value, source, transform)
+        name = self.tape.names.get(id(source), self.tape.names.get(id(source.value)))
+        if name is not None and isinstance(name, str) and transform[0] == "cast":
+            # precision="f16"'s copy of a constant: the graph value, cast (template.py recomputes both).
+            self.tape.names.setdefault(id(value), (name, transform[1]))  # type: ignore[arg-type]
+
     def _shared_handle(self, t: Any) -> int:
         tape = self.tape
         assert self.pool is not None
