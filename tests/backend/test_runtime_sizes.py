@@ -59,3 +59,23 @@ def test_runtime_sizes_share_one_pipeline_across_sizes(gpu) -> None:
         got = _run(gpu, call("relu", inp(0)), [View(0, f32, (length, 4), (1, length), 0)], [a], (length, 4), True)
         np.testing.assert_array_equal(got, np.maximum(a.T, 0))
     assert gpu.pipelines_created == before
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+def test_gather_with_runtime_sizes_matches_literal_sizes(gpu, rows: int) -> None:
+    rng = np.random.default_rng(rows)
+    data = rng.standard_normal((2, rows, 5)).astype(np.float32)
+    idx = np.array([0, rows - 1, -1, 2 % rows, -rows], np.int32)
+    results = []
+    for runtime in (False, True):
+        hd, hi = upload(gpu, data), gpu.alloc(idx.nbytes)
+        gpu.copy_htod(hi, idx)
+        out = poisoned(gpu, 2 * len(idx) * 5)
+        steps = gpu.record_gather(View.contiguous(hd, np.float32, data.shape), View.contiguous(hi, np.int32, idx.shape),
+                                  1, View.contiguous(out, np.float32, (2, len(idx), 5)), runtime_sizes=runtime)
+        gpu.execute(steps)
+        results.append(download(gpu, out, (2, len(idx), 5)))
+        for h in (hd, hi, out):
+            gpu.free(h)
+    np.testing.assert_array_equal(results[1], results[0])
+    np.testing.assert_array_equal(results[1], data[:, idx % rows])

@@ -517,7 +517,7 @@ class WgpuBackend(ComputeBackend):
 
     # ---- primitives: the ComputeBackend methods, each forwarded to the kernel registered under its name -------
     # Record methods that take runtime_sizes=True (sizes in a uniform buffer, not in the kernel's source).
-    RUNTIME_SIZES = frozenset({"record_elementwise"})
+    RUNTIME_SIZES = frozenset({"record_elementwise", "record_gather"})
 
     def record_elementwise(self, expr: Expr, inputs: list[View], out: View, runtime_sizes: bool = False) -> list:
         return KERNELS["record_elementwise"](self, expr, inputs, out, runtime_sizes)
@@ -554,8 +554,8 @@ class WgpuBackend(ComputeBackend):
                     p: int = 2) -> list:
         return KERNELS["record_pool"](self, kind, x, out, kernel, stride, pads, dilation, count_include_pad, p)
 
-    def record_gather(self, data: View, indices: View, axis: int, out: View) -> list:
-        return KERNELS["record_gather"](self, data, indices, axis, out)
+    def record_gather(self, data: View, indices: View, axis: int, out: View, runtime_sizes: bool = False) -> list:
+        return KERNELS["record_gather"](self, data, indices, axis, out, runtime_sizes)
 
     def record_attention_views(self, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
                                causal: bool) -> list:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ...core.view import View
 from .program import grid_1d, kernel, storage_type
 
@@ -13,7 +15,9 @@ if TYPE_CHECKING:
 
 
 @kernel("record_gather")
-def record_gather(be: WgpuBackend, data: View, indices: View, axis: int, out: View) -> list[Any]:
+def record_gather(be: WgpuBackend, data: View, indices: View, axis: int, out: View,
+                  runtime_sizes: bool = False) -> list[Any]:
+    """`runtime_sizes`: the sizes in a uniform buffer, not in the source (one pipeline for every size)."""
     if not (data.is_contiguous() and indices.is_contiguous() and out.is_contiguous()):
         raise ValueError("wgpu gather: views must be contiguous")
     outer = math.prod(data.shape[:axis])
@@ -23,7 +27,18 @@ def record_gather(be: WgpuBackend, data: View, indices: View, axis: int, out: Vi
     if total == 0:
         return []
     t = storage_type(data.dtype)
-    src = be.kernel_source("gather", T=t, TOTAL=total, INNER=inner, NIDX=nidx, DIM=data.shape[axis],
-                           IDX_OFFSET=indices.offset, DATA_OFFSET=data.offset)
+    sizes = {"TOTAL": total, "INNER": inner, "NIDX": nidx, "DIM": data.shape[axis], "IDX_OFFSET": indices.offset,
+             "DATA_OFFSET": data.offset}
+    buffers: list[Any] = [data.handle, indices.handle, out.handle]
+    if runtime_sizes:
+        decl = "@group(0) @binding(3) var<uniform> sz: array<vec4<u32>, 2>;"
+        lets = "\n".join(f"    let {k} = sz[{i // 4}][{i % 4}];" for i, k in enumerate(sizes))
+        values = np.zeros(8, np.uint32)
+        values[:len(sizes)] = list(sizes.values())
+        buffers.append(be.uniform_buffer(values))
+    else:
+        decl = "\n".join(f"const {k}: u32 = {v}u;" for k, v in sizes.items())
+        lets = ""
+    src = be.kernel_source("gather", T=t, SIZES=decl, SIZE_LETS=lets)
     pipeline = be.pipeline("gather", src)
-    return [be.dispatch(pipeline, [data.handle, indices.handle, out.handle], grid_1d(-(-total // 256)), "gather")]
+    return [be.dispatch(pipeline, buffers, grid_1d(-(-total // 256)), "gather")]
