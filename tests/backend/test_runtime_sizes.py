@@ -79,3 +79,36 @@ def test_gather_with_runtime_sizes_matches_literal_sizes(gpu, rows: int) -> None
             gpu.free(h)
     np.testing.assert_array_equal(results[1], results[0])
     np.testing.assert_array_equal(results[1], data[:, idx % rows])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("keys", [6, 19])
+def test_attention_with_runtime_sizes_matches_literal_sizes(gpu, keys: int, causal: bool) -> None:
+    # A decode-shaped call: one query row, K read through a transposed layout, an additive mask broadcast over heads.
+    rng = np.random.default_rng(keys)
+    f32 = np.dtype(np.float32)
+    b, h, sq, d = 1, 4, 2, 8
+    q = rng.standard_normal((b, h, sq, d)).astype(np.float32)
+    k = rng.standard_normal((b, h, d, keys)).astype(np.float32)  # stored (B, H, D, S): viewed as (B, H, S, D)
+    v = rng.standard_normal((b, h, keys, d)).astype(np.float32)
+    mask = np.where(rng.random((b, 1, sq, keys)) < 0.2, -1e9, 0.0).astype(np.float32)
+    results = []
+    for runtime in (False, True):
+        hq, hk, hv, hm = (upload(gpu, a) for a in (q, k, v, mask))
+        out = poisoned(gpu, q.size)
+        kview = View(hk, f32, (b, h, keys, d), (h * d * keys, d * keys, 1, keys), 0)
+        mview = View(hm, f32, (b, h, sq, keys), (sq * keys, 0, keys, 1), 0)
+        steps = gpu.record_attention_views(View.contiguous(hq, f32, q.shape), kview, View.contiguous(hv, f32, v.shape),
+                                           mview, View.contiguous(out, f32, q.shape), 0.35, causal,
+                                           runtime_sizes=runtime)
+        gpu.execute(steps)
+        results.append(download(gpu, out, q.shape))
+        for x in (hq, hk, hv, hm, out):
+            gpu.free(x)
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6, atol=1e-6)
+    s = np.einsum("bhqd,bhdk->bhqk", q.astype(np.float64), k) * 0.35 + mask
+    if causal:
+        s = np.where(np.arange(keys)[None, :] <= np.arange(sq)[:, None] + keys - sq, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bhqk,bhkd->bhqd", p / p.sum(-1, keepdims=True), v)
+    np.testing.assert_allclose(results[1], want, rtol=1e-4, atol=1e-5)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ...core.view import View
 from .program import as_f32, from_f32, grid_1d, kernel
 from .shader.bindings import Window, binding_windows, check_no_overlap, check_view, rebase_view, require_float
@@ -192,9 +194,58 @@ def _squeeze_strides(v: View) -> View:
                 v.offset)
 
 
+class _Lifted(int):
+    """A size read at run time: an int while the kernel is generated (signs and zero tests decide its text), written
+    into the source as the name of a let at the start of main (`r3_` as i32, `r3_u` as u32, as lin and the body
+    write ints with or without their suffix)."""
+
+    name: str
+
+    def __new__(cls, value: int, name: str) -> _Lifted:
+        obj = super().__new__(cls, value)
+        obj.name = name
+        return obj
+
+    def __str__(self) -> str:
+        return self.name
+
+    __format__ = lambda self, spec: self.name  # noqa: E731
+
+    def __abs__(self) -> _Lifted:
+        return self if self >= 0 else _Lifted(-int(self), f"(-{self.name})")
+
+
+class _Sizes:
+    """The values a runtime-sized attention kernel reads from its uniform array."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.values: list[int] = []
+
+    def __call__(self, x: int) -> int:
+        if not self.on or x < 0:  # a negative stride keeps its literal (lin subtracts its magnitude)
+            return x
+        self.values.append(int(x))
+        return _Lifted(int(x), f"r{len(self.values) - 1}_")
+
+    def view(self, x: View | None) -> View | None:
+        if x is None or not self.on:
+            return x
+        return View(x.handle, x.dtype, x.shape, tuple(self(s) for s in x.strides), self(x.offset))
+
+    def declarations(self) -> list[str]:
+        # Module-scope private copies, so the row loaders (functions of their own) read them too.
+        return [f"var<private> r{i}_: i32;\nvar<private> r{i}_u: u32;" for i in range(len(self.values))]
+
+    def prologue(self) -> str:
+        return "\n".join(f"    r{i}_ = sz[{i // 4}][{i % 4}]; r{i}_u = u32(r{i}_);" for i in range(len(self.values)))
+
+
 @kernel("record_attention_views")
 def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
-                           causal: bool) -> list[Any]:
+                           causal: bool, runtime_sizes: bool = False) -> list[Any]:
+    """`runtime_sizes`: the key count, the views' strides and offsets in a uniform buffer, not in the source (one
+    pipeline for every past length of a decode)."""
     types = require_float("attention", q=q, k=k, v=v, mask=mask, out=out)
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("mask", mask)):
         if x is not None and len(x.shape) != 4:
@@ -245,6 +296,8 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
     qw, kw, vw = wins[:3]
     mw = wins[3] if mask is not None else None
     out = place(out, ow)
+    rt = _Sizes(runtime_sizes)
+    skv, skl = rt(seq_kv), rt(max(seq_kv - 1, 0))
 
     # One read-only binding per (buffer, range, element type); an input in the output's buffer reads through `o`
     # (WebGPU forbids binding one buffer read-only and writable in one dispatch), all scalar then.
@@ -278,14 +331,17 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
     nc = -(-d4 // gx)
     qblocks = -(-seq_q // bq)
     groups = batch * hq * qblocks
-    off = seq_kv - seq_q
+    off = rt(seq_kv - seq_q)
     kend = f"u32(clamp(i32(q0 + BQ) + ({off}), 0, i32(SKV)))" if causal else "SKV"
-    bases = [f"    let qb = {lin(q.offset, [('b', q.strides[0]), ('h', q.strides[1])])};",
-             f"    let kb = {lin(k.offset, [('b', k.strides[0]), ('hk', k.strides[1])])};",
-             f"    let vb = {lin(v.offset, [('b', v.strides[0]), ('hk', v.strides[1])])};",
-             f"    let ob = {lin(out.offset, [('b', out.strides[0]), ('h', out.strides[1])])};"]
-    if mask is not None:
-        bases.append(f"    let mb = {lin(mask.offset, [('b', mask.strides[0]), ('h', mask.strides[1])])};")
+    # The views as the kernel's index arithmetic sees them (lifted: strides and offsets read at run time).
+    lq, lk, lv, lo, lm = (rt.view(x) for x in (q, k, v, out, mask))
+    assert lq is not None and lk is not None and lv is not None and lo is not None
+    bases = [f"    let qb = {lin(lq.offset, [('b', lq.strides[0]), ('h', lq.strides[1])])};",
+             f"    let kb = {lin(lk.offset, [('b', lk.strides[0]), ('hk', lk.strides[1])])};",
+             f"    let vb = {lin(lv.offset, [('b', lv.strides[0]), ('hk', lv.strides[1])])};",
+             f"    let ob = {lin(lo.offset, [('b', lo.strides[0]), ('h', lo.strides[1])])};"]
+    if lm is not None:
+        bases.append(f"    let mb = {lin(lm.offset, [('b', lm.strides[0]), ('h', lm.strides[1])])};")
 
     def desc(name: str, x: View | None) -> str:
         if x is None:
@@ -293,24 +349,33 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
         return f"// {name}: shape {x.shape}, strides {x.strides}, offset {x.offset}"
 
     header = "\n".join([f"// This instance: scale {scale!r}, causal {causal}, {gy}x{gx} threads of {rq}x{rk} scores.",
-                        desc("q", q), desc("k", k), desc("v", v), desc("mask", mask), desc("out", out)])
+                        *([] if runtime_sizes else [desc("q", q), desc("k", k), desc("v", v), desc("mask", mask),
+                                                    desc("out", out)])])
     src = be.kernel_source(
-        "attention", HEADER=header, BINDINGS="\n".join(decls), SQ=seq_q, SKV=seq_kv, SQL=seq_q - 1,
-        SKL=max(seq_kv - 1, 0), HQ=hq, REP=hq // hkv, D=d, D4=d4, RS=rs, GX=gx, BQ=bq,
+        "attention", HEADER=header, BINDINGS="\n".join([*decls, *(
+            [f"@group(0) @binding({len(reads) + 1}) var<uniform> sz: array<vec4<i32>, {-(-len(rt.values) // 4)}>;",
+             *rt.declarations()] if runtime_sizes else [])]), SQ=seq_q, SQL=seq_q - 1,
+        SKV_DECL="" if runtime_sizes else f"const SKV: u32 = {seq_kv}u;\nconst SKL: u32 = {max(seq_kv - 1, 0)}u;",
+        PROLOGUE=f"{rt.prologue()}\n    let SKV = {skv}u; let SKL = {skl}u;" if runtime_sizes else "",
+        HQ=hq, REP=hq // hkv, D=d, D4=d4, RS=rs, GX=gx, BQ=bq,
         BQP=gy + 1 if vec_ps else bq | 1, BK=bk,
         WG=gy * gx, QBLOCKS=qblocks, GROUPS=groups, SCALE=float_literal(scale),
         QS_SIZE=bq * rs, KV_SIZE=bk * rs, RED_SIZE=bq * gx,
         PS_DECL=f"var<workgroup> ps: array<vec4<f32>, {bk * (gy + 1)}>;" if vec_ps else
         f"var<workgroup> ps: array<f32, {bk * (bq | 1)}>;",
-        LOAD_Q=_row_io(qn, qvec, q.strides[3], types[q.handle]),
-        LOAD_K=_row_io(kn, kvec, k.strides[3], types[k.handle]),
-        LOAD_V=_row_io(vn, vvec, v.strides[3], types[v.handle]), STORE_O=_store("o", out_vec, out.strides[3], ot),
+        LOAD_Q=_row_io(qn, qvec, lq.strides[3], types[q.handle]),
+        LOAD_K=_row_io(kn, kvec, lk.strides[3], types[k.handle]),
+        LOAD_V=_row_io(vn, vvec, lv.strides[3], types[v.handle]), STORE_O=_store("o", out_vec, lo.strides[3], ot),
         BASES="\n".join(bases),
-        Q_ROW=lin("qb", [("min(i, SQL)", q.strides[2])]), K_ROW=lin("kb", [("min(j0 + j, SKL)", k.strides[2])]),
-        V_ROW=lin("vb", [("min(j0 + j, SKL)", v.strides[2])]), KEND=kend,
-        **_body(gx, rq, rk, nc, d4, causal, off, out.strides[2],
-                (mn, mask.strides[2], mask.strides[3]) if mask is not None else None, vec_ps),
+        Q_ROW=lin("qb", [("min(i, SQL)", lq.strides[2])]), K_ROW=lin("kb", [("min(j0 + j, SKL)", lk.strides[2])]),
+        V_ROW=lin("vb", [("min(j0 + j, SKL)", lv.strides[2])]), KEND=kend,
+        **_body(gx, rq, rk, nc, d4, causal, off, lo.strides[2],
+                (mn, lm.strides[2], lm.strides[3]) if lm is not None else None, vec_ps),
     )
+    if runtime_sizes:
+        values = np.zeros(-(-len(rt.values) // 4) * 4, np.int32)
+        values[:len(rt.values)] = rt.values
+        buffers[len(reads) + 1] = be.uniform_buffer(values)
     label = "attention"
     pipe = be.pipeline(label, src)
     return [be.dispatch(pipe, buffers, grid_1d(groups), label)]

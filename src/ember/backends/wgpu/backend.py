@@ -517,7 +517,7 @@ class WgpuBackend(ComputeBackend):
 
     # ---- primitives: the ComputeBackend methods, each forwarded to the kernel registered under its name -------
     # Record methods that take runtime_sizes=True (sizes in a uniform buffer, not in the kernel's source).
-    RUNTIME_SIZES = frozenset({"record_elementwise", "record_gather"})
+    RUNTIME_SIZES = frozenset({"record_elementwise", "record_gather", "record_attention_views"})
 
     def record_elementwise(self, expr: Expr, inputs: list[View], out: View, runtime_sizes: bool = False) -> list:
         return KERNELS["record_elementwise"](self, expr, inputs, out, runtime_sizes)
@@ -558,8 +558,8 @@ class WgpuBackend(ComputeBackend):
         return KERNELS["record_gather"](self, data, indices, axis, out, runtime_sizes)
 
     def record_attention_views(self, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
-                               causal: bool) -> list:
-        return KERNELS["record_attention_views"](self, q, k, v, mask, out, scale, causal)
+                               causal: bool, runtime_sizes: bool = False) -> list:
+        return KERNELS["record_attention_views"](self, q, k, v, mask, out, scale, causal, runtime_sizes)
 
     def record_norm(self, kind: str, x: View, scale: View | None, bias: View | None, out: View, n: int,
                     eps: float) -> list:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...core.expr import BOOL, FLOAT, Expr
+from ...core.expr import BOOL, FLOAT, INT, Expr
 from ...core.view import View
 from .program import as_f32, grid_1d, kernel, storage_type
 from .shader.emit import ExprEmitter
@@ -134,6 +134,15 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
         return _widen(raw, in_types[i])
 
     em = ExprEmitter(loads, gather)
+    if lifted is not None:  # integer literals too (a position offset in an index expression moves with the dims)
+        literal = em.leaf
+
+        def leaf(e: Expr) -> str:
+            if e.op == "const" and e.kind == INT and -(2**31) <= int(e.value) < 2**31:
+                return sz.i(int(e.value))
+            return literal(e)
+
+        em.leaf = leaf  # type: ignore[method-assign]
     value = em.emit(expr)
     body.extend(em.lines)
     if out_type == "u32":

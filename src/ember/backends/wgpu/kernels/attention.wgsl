@@ -25,9 +25,10 @@ fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }
 ${BINDINGS}
 
 const SQ: u32 = ${SQ}u;
-const SKV: u32 = ${SKV}u;
+${SKV_DECL}
 const SQL: u32 = ${SQL}u;  // the last query row (rows past it are clamped to it, then masked)
-const SKL: u32 = ${SKL}u;  // the last key (0 when there are none: no key tile is loaded then)
+// SKL: the last key (0 when there are none: no key tile is loaded then). SKV and SKL are constants here, or, with
+// runtime sizes, lets at the start of main read (with the views' strides and offsets) from the uniform array sz.
 const HQ: u32 = ${HQ}u;  // query heads
 const REP: u32 = ${REP}u;  // query heads per kv head
 const D: u32 = ${D}u;  // head_dim
@@ -64,6 +65,7 @@ ${STORE_O}
 @compute @workgroup_size(${WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
+${PROLOGUE}
     let g = wid.y * nwg.x + wid.x;
     if (g >= GROUPS) { return; }  // whole workgroups only
     let bh = g / QBLOCKS;
