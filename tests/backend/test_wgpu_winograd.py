@@ -361,7 +361,7 @@ def test_scratch_private_within_budget(be: ember.ComputeBackend, rng: np.random.
         del probe
         gc.collect()
         # Room for two convs' private scratch (plus what other tests' steps may still hold), not more.
-        held = sum(b.size for b in be._private_scratch)
+        held = be._private_bytes[0]
         with settings.override(shared_scratch=True, scratch_private_mb=(held + 2 * need) / (1 << 20)):
             steps = [be.record_conv_winograd(x, u_, None, o, (1, 1, 1, 1), 2)
                      for x, u_, o in zip(hx, hu, outs, strict=True)]

@@ -55,6 +55,10 @@ def _raw_lib() -> Any:
     return _api.lib
 
 
+def _give_back(total: list[int], size: int) -> None:
+    total[0] -= size
+
+
 class WgpuBackend(ComputeBackend):
     name, conv_residual, max_elements = "wgpu", True, 2**31 - 1  # i32 index math in the kernels
 
@@ -75,7 +79,7 @@ class WgpuBackend(ComputeBackend):
         self.pipelines_evicted = 0
         self.dispatches = 0
         self._scratch: dict[str, weakref.ref] = {}
-        self._private_scratch: weakref.WeakSet = weakref.WeakSet()
+        self._private_bytes = [0]  # bytes of the live private scratch buffers (each gives its size back when freed)
 
     # ---- life cycle -------------------------------------------------------------------------------
     def _init_device(self) -> None:
@@ -210,10 +214,11 @@ class WgpuBackend(ComputeBackend):
         recorded steps hold the buffer (Dispatch.keep); when none does, it is freed (weak references here)."""
         size = -(-max(nbytes, 16) // BUFFER_ALIGN) * BUFFER_ALIGN
         budget = int(settings.SCRATCH_PRIVATE_MB.get() * (1 << 20))
-        private = not settings.SHARED_SCRATCH.get() or sum(b.size for b in self._private_scratch) + size <= budget
+        private = not settings.SHARED_SCRATCH.get() or self._private_bytes[0] + size <= budget
         if private:
             buf = self.device.create_buffer(size=size, usage=wgpu.BufferUsage.STORAGE, label=f"scratch: {role}")
-            self._private_scratch.add(buf)
+            self._private_bytes[0] += size
+            weakref.finalize(buf, _give_back, self._private_bytes, size)  # a running sum: no walk per request
             return buf
         ref = self._scratch.get(role)
         buf = ref() if ref is not None else None
