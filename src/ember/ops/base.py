@@ -179,8 +179,13 @@ class Context:
     def _shared_handle(self, t: Tensor) -> int:
         """The pool's buffer holding constant t, held by this plan from now on."""
         assert self.pool is not None
+        key, arr = self.pool.key(t.value, t.dtype, t.size, self._derived)
+        return self._hold(t, key, arr)
+
+    def _hold(self, t: Tensor, key: Hashable, arr: np.ndarray | None) -> int:
+        """The pool's entry `key` for constant t (`arr`: its contiguous array, where keying made it)."""
+        assert self.pool is not None
         value = t.value
-        key, arr = self.pool.key(value, t.dtype, t.size, self._derived)
         handle = self.shared.get(key)
         if handle is None:
             nbytes = max(t.size, 1) * self.backend.storage_itemsize(t.dtype)

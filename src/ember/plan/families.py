@@ -11,7 +11,6 @@ P, mask length P + 1) therefore builds three plans and realizes every later leng
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -49,7 +48,6 @@ class Families:
         self._families: dict[tuple, _Family] = {}
         self.refused: str | None = None
         self.realized = 0  # plans made from a template
-        self.traced = 0  # plans made by a traced build
 
     def make(self, shapes: Shapes, host: dict[str, np.ndarray], build: Callable[[], Plan]) -> tuple[Plan, bool]:
         """(the plan for these shapes, whether it was built); `build` plans the graph the usual way, for
@@ -80,7 +78,6 @@ class Families:
             plan = realize(tape, own_point(tape), self.backend, self.pool)
         finally:
             self.pool.release(tape.shared)
-        self.traced += 1
         plan.stats["plan.source"] = "traced"
         self._learn(family, tape, shapes, host)
         return plan, True
@@ -120,7 +117,3 @@ class Families:
             plan.free()
             raise RuntimeError(f"EMBER_TEMPLATE_CHECK: the plan the template made for shapes {shapes} differs from "
                                "a traced build of them")
-
-    def info(self) -> dict[str, Any]:
-        return {"traced": self.traced, "realized": self.realized,
-                "templates": sum(len(f.templates) for f in self._families.values())}

@@ -246,7 +246,7 @@ class _Walk:
     def __init__(self, ctx: Context, mixed: _Precision | None, folds: FoldCache | None, limit: int | None) -> None:
         self.ctx, self.mixed, self.folds, self.limit = ctx, mixed, folds, limit
         self.frames: list[Callable[[], Iterable[Tensor]]] = []  # per open scope: the tensors it still reads
-        self.names: dict[int, str] | None = None  # plan_graph's `names`
+        self.names: dict[int, str] | None = None  # plan_graph's trace.names (None: not traced)
         self.depth = 0  # open subgraph scopes (their values' names may shadow the graph's: not learnt)
         # With `names`: the graph's nodes as planned, (node, op, how, {output: value} of the constants a node
         # that was not folded made, such as Shape's): the host program computing every constant (tape.py).

@@ -1,12 +1,13 @@
 """The tape: every call a plan's build makes to its backend, as data that can be compared and replayed.
 
-While a plan is built for a template (template.py), the planner's Context talks to a `TapeBackend` that
-forwards each call to the real backend and writes it down: the method, its arguments split into a *skeleton*
-(everything that must stay the same: dtypes, op names, expression structure, which buffer a view looks into)
-and *leaves* (the numbers that may change with an input dim: sizes, strides, offsets, byte counts, literal
-constants, small arrays), and what it returned. Buffers are named by the tape entry that allocated them (or,
-for buffers made outside the tape, the weight pool's, by their handle), so two builds' tapes line up call by
-call when they differ only in numbers. template.py fits those numbers and replays the tape for new dims.
+A traced build (template.trace) plans on a `TracingContext` whose backend is a `TapeBackend`: allocations,
+uploads and record calls are written down and not made (fake handles, fake steps); questions (storage_itemsize,
+select_attention, select_conv, ...) go to the real backend and their answers are written down too; constants
+taken from the weight pool are real pool buffers, written down with the graph value they are. Each call is split
+into a *skeleton* (what must stay the same: dtypes, op names, expression structure, which buffer a view looks
+into) and *leaves* (the numbers that may change with an input dim: sizes, strides, offsets, byte counts, literal
+constants, small arrays). Buffers are named by the entry that allocated them, so two builds' tapes line up call
+by call when they differ only in numbers: template.realize makes a plan of a tape, fit.py fits the numbers.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ HANDLE_ARGS: dict[str, tuple[int, ...]] = {
 
 @dataclasses.dataclass(frozen=True)
 class Ref:
-    """A buffer in a skeleton: ("tape", entry index) for a buffer the tape allocated, ("ext", handle) otherwise;
-    or a taped callable ("fn", entry index, field)."""
+    """A buffer or callable in a skeleton: ("tape", entry) for a buffer the tape allocated, ("const", entry) for
+    a weight-pool constant, ("obj", (entry, field)) for a taped object's callable (a ConvKernel's record), and
+    ("ext", handle) for a handle the tape does not know (only in answers compared by template._same_answer)."""
 
     kind: str
     key: Any
@@ -301,11 +303,9 @@ class TracingContext(Context):
             # precision="f16"'s copy of a constant: the graph value, cast (template.py recomputes both).
             self.tape.names.setdefault(id(value), (name, transform[1]))  # type: ignore[arg-type]
 
-    def _shared_handle(self, t: Any) -> int:
+    def _hold(self, t: Any, key: Any, arr: np.ndarray | None) -> int:
         tape = self.tape
-        assert self.pool is not None
-        key, arr = self.pool.key(t.value, t.dtype, t.size, self._derived)
-        handle = super()._shared_handle(t)
+        handle = super()._hold(t, key, arr)
         name = tape.names.get(id(t), tape.names.get(id(t.value)))
         value = arr if arr is not None else t.value
         index = tape.add(Entry("const", None, (t.dtype.str,), [t.size], "const", const=(key, value, name)))

@@ -1,19 +1,12 @@
-"""Plans for new input shapes without planning the graph again: traced builds, realized tapes, fitted templates.
+"""A plan built in two halves, for models whose inputs have symbolic dims: a traced build, then its tape realized.
 
-A model whose inputs have symbolic dims builds its plans in two halves. `trace` plans the graph on a
-TapeBackend (tape.py): every allocation, record call, question to the backend and constant taken from the weight
-pool is written down, nothing is recorded on the device, and buffers are not reused. `realize` turns a tape into
+`trace` plans the graph on a TapeBackend (tape.py): every allocation, record call, question to the backend and
+constant taken from the weight pool is written down, nothing is recorded on the device, and buffers are not
+reused. `realize` turns a tape's numbers at one `Point` (its own, or a template's at a new input dim: fit.py) into
 a Plan: it sizes every buffer from the views that read it, gives intermediates whose step ranges do not overlap
-the same memory, makes the record calls on the real backend and asks the questions again (an answer that
-differs from the tape's is a `Mismatch`).
-
-Two tapes of one model that line up call by call (`Tape.signature`) and whose input shapes differ in dims that
-move together make a `Template`: every number on the tape fitted as a + b·v in one input dim v (exact
-rationals; an array element by element), and every constant that differs between them recomputed by the host
-program, the folded nodes behind it run again from the fitted values of the Shape-like nodes that fed them. A
-third traced build on the same line verifies the fit exactly before the template is used. A plan for a new
-shape on the line is then `realize` of the template's numbers at v: no graph walk. A number that would not be
-an integer, or a question answered differently, falls back to a traced build.
+the same memory, makes the record calls on the real backend (with runtime sizes where the numbers move and the
+backend offers them) and asks again the questions whose numbers move (an answer that differs from the point's is
+a `Mismatch`, as is a size that is not whole: the caller traces a build instead).
 """
 
 from __future__ import annotations
@@ -97,11 +90,9 @@ def _views(value: Any, out: list[View]) -> None:
             _views(v, out)
 
 
-class _Refs:
-    """A Ref standing in for a handle while sizes are worked out."""
-
-    def __call__(self, ref: Ref) -> Any:
-        return ref
+def _as_is(ref: Ref) -> Ref:
+    """A Ref standing in for its handle (or callable) while sizes are worked out."""
+    return ref
 
 
 def realize(tape: Tape, point: Point, backend: ComputeBackend, pool: WeightPool) -> Plan:
@@ -116,14 +107,13 @@ def realize(tape: Tape, point: Point, backend: ComputeBackend, pool: WeightPool)
         return hit
 
     # Pass 1: the arguments with Refs for handles, the bytes each buffer must hold and where steps touch it.
-    no_fn: Any = lambda ref: ref  # noqa: E731
     need: dict[Ref, int] = {}
     touch: dict[Ref, list[int]] = {}
     position = {st.entry: i for i, st in reversed(list(enumerate(tape.steps)))}
     for i, e in enumerate(entries):
         if e.kind in ("const", "query", "object"):
             continue
-        a = decode_call(e.skeleton, list(point.leaves[i]), _Refs(), no_fn)
+        a = decode_call(e.skeleton, list(point.leaves[i]), _as_is, _as_is)
         if e.kind == "alloc":
             need[Ref("tape", i)] = max(need.get(Ref("tape", i), 0), _whole(a[0][0], "an allocation's size"))
             continue
@@ -143,7 +133,7 @@ def realize(tape: Tape, point: Point, backend: ComputeBackend, pool: WeightPool)
                 need[ref] = max(need.get(ref, 0), nbytes)
                 if at is not None:
                     touch.setdefault(ref, []).append(at)
-    io = decode(tape.io[0], list(point.io), _Refs(), no_fn)
+    io = decode(tape.io[0], list(point.io), _as_is, _as_is)
     io_views: list[View] = []
     _views(io, io_views)
     last = len(tape.steps)

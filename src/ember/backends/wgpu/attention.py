@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ...core.view import View
-from .program import as_f32, from_f32, grid_1d, kernel
+from .program import as_f32, from_f32, grid_1d, kernel, sizes_decl
 from .shader.bindings import Window, binding_windows, check_no_overlap, check_view, rebase_view, require_float
 from .shader.wgsl import float_literal
 
@@ -353,8 +351,8 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
                                                     desc("out", out)])])
     src = be.kernel_source(
         "attention", HEADER=header, BINDINGS="\n".join([*decls, *(
-            [f"@group(0) @binding({len(reads) + 1}) var<uniform> sz: array<vec4<i32>, {-(-len(rt.values) // 4)}>;",
-             *rt.declarations()] if runtime_sizes else [])]), SQ=seq_q, SQL=seq_q - 1,
+            [sizes_decl(len(reads) + 1, len(rt.values)), *rt.declarations()] if runtime_sizes else [])]),
+        SQ=seq_q, SQL=seq_q - 1,
         SKV_DECL="" if runtime_sizes else f"const SKV: u32 = {seq_kv}u;\nconst SKL: u32 = {max(seq_kv - 1, 0)}u;",
         PROLOGUE=f"{rt.prologue()}\n    let SKV = {skv}u; let SKL = {skl}u;" if runtime_sizes else "",
         HQ=hq, REP=hq // hkv, D=d, D4=d4, RS=rs, GX=gx, BQ=bq,
@@ -373,9 +371,7 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
                 (mn, lm.strides[2], lm.strides[3]) if lm is not None else None, vec_ps),
     )
     if runtime_sizes:
-        values = np.zeros(-(-len(rt.values) // 4) * 4, np.int32)
-        values[:len(rt.values)] = rt.values
-        buffers[len(reads) + 1] = be.uniform_buffer(values)
+        buffers[len(reads) + 1] = be.uniform_buffer(rt.values)
     label = "attention"
     pipe = be.pipeline(label, src)
     return [be.dispatch(pipe, buffers, grid_1d(groups), label)]

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...core.expr import BOOL, FLOAT, INT, Expr
 from ...core.view import View
-from .program import as_f32, grid_1d, kernel, storage_type
+from .program import as_f32, grid_1d, kernel, sizes_decl, storage_type
 from .shader.emit import ExprEmitter
 from .shader.wgsl import PRELUDE
 
@@ -160,8 +160,7 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
     body.append(f"    out[{out_idx}] = {value};")
     nbind = len(in_types)
     if lifted is not None:
-        words = max(-(-len(lifted) // 4), 1)
-        decls.append(f"@group(0) @binding({nbind + 1}) var<uniform> sz: array<vec4<i32>, {words}>;")
+        decls.append(sizes_decl(nbind + 1, len(lifted)))
     return "\n".join([
         PRELUDE,
         *decls,
@@ -201,7 +200,5 @@ def record_elementwise(be: WgpuBackend, expr: Expr, inputs: list[View], out: Vie
     bindings = {i: v.handle for i, v in enumerate(inputs) if not alias[i] and i in used}
     bindings[len(inputs)] = out.handle
     if lifted is not None:
-        values = np.zeros(max(-(-len(lifted) // 4), 1) * 4, np.int32)
-        values[:len(lifted)] = lifted
-        bindings[len(inputs) + 1] = be.uniform_buffer(values)
+        bindings[len(inputs) + 1] = be.uniform_buffer(lifted)
     return [be.dispatch(pipeline, bindings, grid_1d(-(-total // WORKGROUP)), f"ew:{expr.op}")]

@@ -5,10 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ...core.view import View
-from .program import grid_1d, kernel, storage_type
+from .program import grid_1d, kernel, sizes_decl, storage_type
 
 if TYPE_CHECKING:
     from .backend import WgpuBackend
@@ -31,11 +29,9 @@ def record_gather(be: WgpuBackend, data: View, indices: View, axis: int, out: Vi
              "DATA_OFFSET": data.offset}
     buffers: list[Any] = [data.handle, indices.handle, out.handle]
     if runtime_sizes:
-        decl = "@group(0) @binding(3) var<uniform> sz: array<vec4<u32>, 2>;"
-        lets = "\n".join(f"    let {k} = sz[{i // 4}][{i % 4}];" for i, k in enumerate(sizes))
-        values = np.zeros(8, np.uint32)
-        values[:len(sizes)] = list(sizes.values())
-        buffers.append(be.uniform_buffer(values))
+        decl = sizes_decl(3, len(sizes))
+        lets = "\n".join(f"    let {k} = u32(sz[{i // 4}][{i % 4}]);" for i, k in enumerate(sizes))
+        buffers.append(be.uniform_buffer(list(sizes.values())))
     else:
         decl = "\n".join(f"const {k}: u32 = {v}u;" for k, v in sizes.items())
         lets = ""

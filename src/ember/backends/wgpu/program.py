@@ -64,6 +64,17 @@ def grid_1d(groups: int) -> tuple[int, int, int]:
     return (-(-groups // rows), rows, 1)
 
 
+def sizes_words(count: int) -> int:
+    """vec4s of the uniform array holding `count` runtime sizes (at least one: WGSL has no empty arrays)."""
+    return max(-(-count // 4), 1)
+
+
+def sizes_decl(binding: int, count: int) -> str:
+    """The uniform array `sz` of a kernel whose sizes arrive at run time (WgpuBackend.uniform_buffer fills it):
+    size k is sz[k / 4][k % 4], an i32."""
+    return f"@group(0) @binding({binding}) var<uniform> sz: array<vec4<i32>, {sizes_words(count)}>;"
+
+
 # ---- storage types ------------------------------------------------------------------------------------------
 def storage_type(dtype: np.dtype) -> str:
     """The WGSL element type a logical dtype is stored as on the device."""

@@ -1,6 +1,6 @@
 // Gather along one axis: out[o, j, i] = data[o, wrap(indices[j]), i] over (outer, n_idx, inner).
 // Bindings: 0 data: array<${T}>, 1 indices: array<i32>, 2 out: array<${T}> (read_write); with runtime sizes,
-// 3 sz: the sizes below as a uniform array<vec4<u32>, 2>.
+// 3 sz: the sizes below as a uniform array<vec4<i32>, 2> (program.sizes_decl).
 // Grid: ceil(OUTER*NIDX*INNER / 256) workgroups of 256 over x and y.
 // An index outside [-DIM, DIM) is clamped: the host cannot check device-resident indices, and a trusted
 // module must never read out of bounds.
