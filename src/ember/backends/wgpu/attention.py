@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...core.view import View
-from .program import as_f32, from_f32, grid_1d, kernel, sizes_decl
+from .program import as_f32, from_f32, grid_1d, kernel, sizes_buffer, sizes_decl
 from .shader.bindings import Window, binding_windows, check_no_overlap, check_view, rebase_view, require_float
 from .shader.wgsl import float_literal
 
@@ -371,7 +371,7 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
                 (mn, lm.strides[2], lm.strides[3]) if lm is not None else None, vec_ps),
     )
     if runtime_sizes:
-        buffers[len(reads) + 1] = be.uniform_buffer(rt.values)
+        buffers[len(reads) + 1] = sizes_buffer(be, rt.values)
     label = "attention"
     pipe = be.pipeline(label, src)
     return [be.dispatch(pipe, buffers, grid_1d(groups), label)]

@@ -29,17 +29,7 @@ from ...core.view import View
 from ..base import ComputeBackend, OutOfMemoryError
 from . import device as dev
 from . import encode, timing
-from .program import (
-    BUFFER_ALIGN,
-    KERNELS,
-    NUMPY_STORAGE,
-    WORKGROUPS_PER_DIM,
-    Copy,
-    Dispatch,
-    Replay,
-    sizes_words,
-    storage_type,
-)
+from .program import BUFFER_ALIGN, KERNELS, NUMPY_STORAGE, WORKGROUPS_PER_DIM, Copy, Dispatch, Replay, storage_type
 
 # WGSL that uses f16 and so needs `enable f16;` (WgpuBackend.pipeline adds it).
 USES_F16 = re.compile(r"\bf16\b|vec[234]h\b")
@@ -537,12 +527,9 @@ class WgpuBackend(ComputeBackend):
     def record_elementwise(self, expr: Expr, inputs: list[View], out: View, runtime_sizes: bool = False) -> list:
         return KERNELS["record_elementwise"](self, expr, inputs, out, runtime_sizes)
 
-    def uniform_buffer(self, values: list[int]) -> Any:
-        """A dispatch's own uniform buffer (kept by it) holding `values` as the array<vec4<i32>, N> that
-        program.sizes_decl declares: int32s, padded to whole vec4s."""
-        words = np.zeros(sizes_words(len(values)) * 4, np.int32)
-        words[:len(values)] = values
-        return self.device.create_buffer_with_data(data=words.tobytes(), usage=wgpu.BufferUsage.UNIFORM)
+    def uniform_buffer(self, data: bytes) -> Any:
+        """A small uniform buffer holding `data` (a dispatch's own: kept by it; program.sizes_buffer)."""
+        return self.device.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.UNIFORM)
 
     def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
                       beta: float = 1.0, act: Expr | None = None) -> list:

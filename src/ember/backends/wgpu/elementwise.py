@@ -15,7 +15,7 @@ import numpy as np
 
 from ...core.expr import BOOL, FLOAT, INT, Expr
 from ...core.view import View
-from .program import as_f32, grid_1d, kernel, sizes_decl, storage_type
+from .program import as_f32, grid_1d, kernel, sizes_buffer, sizes_decl, storage_type
 from .shader.emit import ExprEmitter
 from .shader.wgsl import PRELUDE
 
@@ -200,5 +200,5 @@ def record_elementwise(be: WgpuBackend, expr: Expr, inputs: list[View], out: Vie
     bindings = {i: v.handle for i, v in enumerate(inputs) if not alias[i] and i in used}
     bindings[len(inputs)] = out.handle
     if lifted is not None:
-        bindings[len(inputs) + 1] = be.uniform_buffer(lifted)
+        bindings[len(inputs) + 1] = sizes_buffer(be, lifted)
     return [be.dispatch(pipeline, bindings, grid_1d(-(-total // WORKGROUP)), f"ew:{expr.op}")]

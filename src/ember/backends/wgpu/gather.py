@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ...core.view import View
-from .program import grid_1d, kernel, sizes_decl, storage_type
+from .program import grid_1d, kernel, sizes_buffer, sizes_decl, storage_type
 
 if TYPE_CHECKING:
     from .backend import WgpuBackend
@@ -31,7 +31,7 @@ def record_gather(be: WgpuBackend, data: View, indices: View, axis: int, out: Vi
     if runtime_sizes:
         decl = sizes_decl(3, len(sizes))
         lets = "\n".join(f"    let {k} = u32(sz[{i // 4}][{i % 4}]);" for i, k in enumerate(sizes))
-        buffers.append(be.uniform_buffer(list(sizes.values())))
+        buffers.append(sizes_buffer(be, list(sizes.values())))
     else:
         decl = "\n".join(f"const {k}: u32 = {v}u;" for k, v in sizes.items())
         lets = ""

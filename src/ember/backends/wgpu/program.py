@@ -69,8 +69,15 @@ def sizes_words(count: int) -> int:
     return max(-(-count // 4), 1)
 
 
+def sizes_buffer(be: Any, values: list[int]) -> Any:
+    """The uniform buffer sizes_decl declares, holding `values`: int32s, padded to whole vec4s."""
+    words = np.zeros(sizes_words(len(values)) * 4, np.int32)
+    words[:len(values)] = values
+    return be.uniform_buffer(words.tobytes())
+
+
 def sizes_decl(binding: int, count: int) -> str:
-    """The uniform array `sz` of a kernel whose sizes arrive at run time (WgpuBackend.uniform_buffer fills it):
+    """The uniform array `sz` of a kernel whose sizes arrive at run time (sizes_buffer fills it):
     size k is sz[k / 4][k % 4], an i32."""
     return f"@group(0) @binding({binding}) var<uniform> sz: array<vec4<i32>, {sizes_words(count)}>;"
 
