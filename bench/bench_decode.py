@@ -3,6 +3,7 @@ flat KV cache (tests/models/decoders.py), decoded greedily a token a step from a
 
     python bench/bench_decode.py [--models gpt2-124m,llama-1b] [--steps 32] [--past 32]
         [--engines ember-wgpu,ember-wgpu-f16,ember-cpu,torch,torch-f16,ort-cpu] [--json out.json] [--md out.md]
+        [--profile DIR]
 
 Columns per engine: ms per step over the loop (each step a new past length, as in a real decode), tokens/s, and
 for ember the ms of a step whose plan exists already (the same length run again: the replay alone, what a
@@ -36,6 +37,9 @@ MODELS = {
 }
 
 
+PROFILE: Path | None = None  # --profile DIR
+
+
 def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, past: int, steps: int) -> dict:
     model = ember.load_onnx(path, backend=backend, precision=precision)
     names = cfg.output_names()
@@ -54,6 +58,22 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
         token = int(logits[0, -1].argmax())
         last = {**feeds, **cache}
         cache = {f"past{n[len('present'):]}": out[n] for n in names[1:]}
+    if PROFILE is not None:  # more steps under cProfile: where a step's host time goes
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for step in range(steps, steps + 16):
+            feeds = {"input_ids": np.array([[token]], np.int64),
+                     "attention_mask": np.ones((1, past + step + 1), np.int64)}
+            out = model.run({**feeds, **cache}, keep_on_device=True)
+            token = int(out["logits"].numpy()[0, -1].argmax())
+            cache = {f"past{n[len('present'):]}": out[n] for n in names[1:]}
+        prof.disable()
+        with open(PROFILE / f"{cfg.arch}-{backend}-{precision}.txt", "w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(40)
+            pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(25)
     replay = harness.measure(lambda: model.run(last, keep_on_device=True)["logits"].numpy(), repeat=20, warmup=2)
     # The first steps plan (three past lengths fit and verify a template); the rest are made from it.
     steady = times[4:] if steps > 8 else times[1:]
@@ -125,7 +145,10 @@ def main() -> None:
     ap.add_argument("--past", type=int, default=32)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--md", type=Path)
+    ap.add_argument("--profile", type=Path, help="write cProfile tables of 16 more ember steps into this folder")
     args = ap.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     report = harness.Report("KV-cache decode, batch 1", args)
     for name in args.models.split(","):
         cfg = MODELS[name]

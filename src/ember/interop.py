@@ -6,7 +6,7 @@ Model.run (and so InferenceSession.run) takes, besides numpy arrays, lists and s
     non-contiguous one (a transpose) is made contiguous later, as a numpy feed is;
   - objects with `__array__` (numpy's protocol): np.asarray;
   - objects with only `__dlpack__` (DLPack, host memory): np.from_dlpack.
-The dtype rule is then the same as for numpy feeds (a value converts only within its kind: model.cast_feed).
+The dtype rule is then the same as for numpy feeds (a value converts only within its kind: cast_feed).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["host_array", "is_torch_like"]
+__all__ = ["cast_feed", "host_array", "host_value", "is_torch_like", "shape_key"]
 
 
 def is_torch_like(value: Any) -> bool:
@@ -55,3 +55,47 @@ def host_array(name: str, value: Any) -> np.ndarray:
             raise ValueError(f"input {name!r}: cannot read the {type(value).__name__} through DLPack: {e} "
                              "(np.from_dlpack reads host memory only: copy it to the CPU first)") from e
     return np.asarray(value)
+
+
+def host_value(name: str, value: Any, kind: str) -> Any:
+    """A feed of a sequence or optional input, as the host ops take it (lists of arrays, None)."""
+    if kind == "optional" and value is None:
+        return None
+    if kind == "optional" and isinstance(value, (list, tuple)):  # an optional holding a sequence
+        return [host_array(name, v) for v in value]
+    if kind == "sequence":
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"input {name!r}: a sequence input takes a list of arrays, got {type(value).__name__}")
+        return [host_array(name, v) for v in value]
+    return host_array(name, value)
+
+
+def shape_key(v: Any) -> Any:
+    """What a plan is keyed by for a feed: its shape; a sequence's element shapes; () for an empty optional."""
+    if isinstance(v, list):
+        return ("sequence", tuple(tuple(np.shape(x)) for x in v))
+    return () if v is None else tuple(v.shape)
+
+
+def cast_feed(name: str, value: Any, expected: np.dtype) -> np.ndarray:
+    """The casting rule for feeds: a value converts only within its kind (float->float, int->int at a
+    width that holds every value, bool->bool). int->float, float->int or anything -> bool is refused,
+    so a wrong feed never turns into a silently different number."""
+    arr = host_array(name, value)  # torch tensors, __array__ and __dlpack__ objects too (ember.interop)
+    if arr.dtype == expected:
+        return arr
+    if expected.kind == "O":  # strings: any text array (they run on the host, ops/reference.py)
+        if arr.dtype.kind not in "USO":
+            raise ValueError(f"input {name!r}: expected strings, got dtype {arr.dtype}")
+        return arr.astype(object)
+    kinds = {"f": "f", "i": "i", "u": "i", "b": "b"}
+    got_kind, want_kind = kinds.get(arr.dtype.kind), kinds.get(expected.kind)
+    if got_kind is None or got_kind != want_kind:
+        raise ValueError(f"input {name!r}: expected dtype {expected}, got {arr.dtype} (ember casts only within "
+                         f"a kind: float->float, int->int)")
+    if want_kind == "i" and arr.size:
+        info = np.iinfo(expected)
+        lo, hi = arr.min(), arr.max()
+        if lo < info.min or hi > info.max:
+            raise ValueError(f"input {name!r}: values [{lo}, {hi}] do not fit in the expected dtype {expected}")
+    return arr.astype(expected)

@@ -21,7 +21,7 @@ from .backends import backend as make_backend
 from .core import progress
 from .core.options import reject_unknown
 from .device_array import DeviceArray
-from .interop import host_array
+from .interop import cast_feed, host_value, shape_key
 from .ir import Graph
 from .onnx.importer import load
 from .onnx.optimize import optimize
@@ -112,49 +112,6 @@ def check_load_options(backend: Any, fuse: Any, precision: Any, plan_cache_bytes
         raise ValueError("safe=True: the wgpu backend object given runs trusted shader modules; give the backend "
                          "by name, or make it with ember.backend('wgpu', safe=True)")
     return check_plan_cache_bytes(plan_cache_bytes)
-
-
-def _host_value(name: str, value: Any, kind: str) -> Any:
-    if kind == "optional" and value is None:
-        return None
-    if kind == "optional" and isinstance(value, (list, tuple)):  # an optional holding a sequence
-        return [host_array(name, v) for v in value]
-    if kind == "sequence":
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"input {name!r}: a sequence input takes a list of arrays, got {type(value).__name__}")
-        return [host_array(name, v) for v in value]
-    return host_array(name, value)
-
-
-def _shape_key(v: Any) -> Any:
-    """What a plan is keyed by for a feed: its shape; a sequence's element shapes; () for an empty optional."""
-    if isinstance(v, list):
-        return ("sequence", tuple(tuple(np.shape(x)) for x in v))
-    return () if v is None else tuple(v.shape)
-
-
-def cast_feed(name: str, value: Any, expected: np.dtype) -> np.ndarray:
-    """The casting rule for feeds: a value converts only within its kind (float->float, int->int at a
-    width that holds every value, bool->bool). int->float, float->int or anything -> bool is refused,
-    so a wrong feed never turns into a silently different number."""
-    arr = host_array(name, value)  # torch tensors, __array__ and __dlpack__ objects too (ember.interop)
-    if arr.dtype == expected:
-        return arr
-    if expected.kind == "O":  # strings: any text array (they run on the host, ops/reference.py)
-        if arr.dtype.kind not in "USO":
-            raise ValueError(f"input {name!r}: expected strings, got dtype {arr.dtype}")
-        return arr.astype(object)
-    kinds = {"f": "f", "i": "i", "u": "i", "b": "b"}
-    got_kind, want_kind = kinds.get(arr.dtype.kind), kinds.get(expected.kind)
-    if got_kind is None or got_kind != want_kind:
-        raise ValueError(f"input {name!r}: expected dtype {expected}, got {arr.dtype} (ember casts only within "
-                         f"a kind: float->float, int->int)")
-    if want_kind == "i" and arr.size:
-        info = np.iinfo(expected)
-        lo, hi = arr.min(), arr.max()
-        if lo < info.min or hi > info.max:
-            raise ValueError(f"input {name!r}: values [{lo}, {hi}] do not fit in the expected dtype {expected}")
-    return arr.astype(expected)
 
 
 class Model:
@@ -248,17 +205,27 @@ class Model:
         if plan is not None:
             self._plans.move_to_end(key)
             return plan
+        fam = self._families if settings.TEMPLATES.get() else None
+        scope = getattr(self._be, "autotune_scope", None)
+        if fam is not None:  # a template's live plan, moved to these shapes: held by the families, not the cache
+            with scope(self.autotune) if scope is not None else contextlib.nullcontext():
+                plan = fam.live(shapes, host)
+            if plan is not None:
+                self._evict(self._limit - fam.live_bytes, keep=0)
+                return plan
         try:
             plan, built = self._build(shapes, host)
         except MemoryError:  # OutOfMemoryError included: the cached plans' buffers may be what is missing
-            if not self._plans:
+            if not self._plans and not (fam is not None and fam.live_plans):
                 raise
             self._evict(-1, keep=0)
+            if fam is not None:
+                fam.free()
             plan, built = self._build(shapes, host)
         self._plans[key] = plan
         self._plan_bytes += plan.device_bytes
         self._builds += built
-        self._evict(self._limit)
+        self._evict(self._limit - (fam.live_bytes if fam is not None else 0))
         return plan
 
     def _build(self, shapes: dict[str, tuple[int, ...]], host: dict[str, np.ndarray]) -> tuple[Plan, bool]:
@@ -315,7 +282,7 @@ class Model:
         for info in self.inputs:
             value = feeds[info.name]
             if kinds[info.name] != "tensor":  # a sequence (list of arrays) or an optional (array or None)
-                out[info.name] = _host_value(info.name, value, kinds[info.name])
+                out[info.name] = host_value(info.name, value, kinds[info.name])
                 continue
             if isinstance(value, DeviceArray):
                 if value.backend is not self._be:
@@ -356,7 +323,7 @@ class Model:
             if bad:
                 raise ValueError(f"unknown output name(s) {bad}; the model's outputs are {known}")
         with self._lock, self._device_errors():
-            plan = self._plan({k: _shape_key(v) for k, v in arrays.items()}, arrays)
+            plan = self._plan({k: shape_key(v) for k, v in arrays.items()}, arrays)
             result = plan.run(arrays, output_names, keep_on_device)
             if self._staged:  # its stages' plans are built as the data comes: what the cache holds grows
                 self._plan_bytes = sum(p.device_bytes for p in self._plans.values())
@@ -431,10 +398,11 @@ class Model:
         live plans hold (their own buffers and scratch), device bytes of the weights they share, and the bound on
         the plans' bytes (load_onnx's plan_cache_bytes)."""
         with self._lock:
-            made = self._families.realized if self._families is not None else 0
-            return {"plans": len(self._plans), "builds": self._builds, "from_template": made,
-                    "evictions": self._evictions,
-                    "bytes": self._plan_bytes, "weight_bytes": self._pool.bytes, "limit_bytes": self._limit}
+            f = self._families
+            made, live, live_bytes = (f.realized, f.live_plans, f.live_bytes) if f is not None else (0, 0, 0)
+            return {"plans": len(self._plans) + live, "builds": self._builds, "from_template": made, "evictions":
+                    self._evictions, "bytes": self._plan_bytes + live_bytes, "weight_bytes": self._pool.bytes,
+                    "limit_bytes": self._limit}
 
     @contextlib.contextmanager
     def _device_errors(self) -> Any:
@@ -466,6 +434,8 @@ class Model:
             if self._be.lost is None:  # a reload of a working model: give its memory back first
                 for plan in plans.values():
                     plan.free()
+                if self._families is not None:
+                    self._families.free()
                 self._pool.close()
             name, opts = self._backend_spec
             self._be = shared_backend(name, **opts)
@@ -487,6 +457,8 @@ class Model:
                 return
             for plan in plans.values():
                 plan.free()
+            if self._families is not None:
+                self._families.free()
             self._pool.close()
 
     def __del__(self) -> None:

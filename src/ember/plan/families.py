@@ -19,6 +19,7 @@ from ..backends.base import ComputeBackend
 from ..ir import Graph
 from .fit import MAX_DEGREE, Template
 from .folding import FoldCache
+from .live import Full, LivePlan
 from .planner import Plan
 from .tape import Refused, Tape
 from .template import Mismatch, own_point, realize, trace
@@ -47,15 +48,18 @@ class Families:
         self.fuse, self.precision = fuse, precision
         self._families: dict[tuple, _Family] = {}
         self.refused: str | None = None
-        self.realized = 0  # plans made from a template
+        self.realized = 0  # shapes served by a template's plan
+        # Per verified template its live plan (live.py), or why it has none (its shapes are realized one by one).
+        self._live: dict[int, LivePlan] = {}
+        self._no_live: dict[int, str] = {}
+        self.live_bytes = 0  # device bytes the live plans hold
 
     def make(self, shapes: Shapes, host: dict[str, np.ndarray], build: Callable[[], Plan]) -> tuple[Plan, bool]:
         """(the plan for these shapes, whether it was built); `build` plans the graph the usual way, for
         models whose builds cannot be traced."""
         if self.refused is not None:
             return build(), True
-        key = (tuple(len(s) for s in shapes.values()), tuple((n, np.asarray(v).tobytes()) for n, v in host.items()))
-        family = self._families.setdefault(key, _Family())
+        family = self._families.setdefault(self._key(shapes, host), _Family())
         for template in family.templates:
             v = template.predict(shapes)
             if v is None:
@@ -81,6 +85,74 @@ class Families:
         plan.stats["plan.source"] = "traced"
         self._learn(family, tape, shapes, host)
         return plan, True
+
+    def live(self, shapes: Shapes, host: dict[str, np.ndarray]) -> Plan | None:
+        """The live plan of a verified template these shapes are on, moved to them; None if there is none."""
+        if self.refused is not None:
+            return None
+        family = self._families.get(self._key(shapes, host))
+        if family is None:
+            return None
+        for template in family.templates:
+            v = template.predict(shapes)
+            if v is not None:
+                plan = self._live_plan(template, v, shapes, host)
+                if plan is not None:
+                    return plan
+        return None
+
+    def _live_plan(self, template: Template, v: int, shapes: Shapes, host: dict[str, np.ndarray]) -> Plan | None:
+        if id(template) in self._no_live:
+            return None
+        plan = self._live.get(id(template))
+        if plan is not None and plan.v == v:
+            return plan
+        try:
+            if plan is not None:
+                try:
+                    plan.move(v)
+                except Full:
+                    self._drop(template)
+                    plan = None
+            if plan is None:
+                plan = LivePlan(template, v, self.backend, self.pool)
+                self._live[id(template)] = plan
+                self.live_bytes += plan.device_bytes
+        except Refused as e:  # the template's plans differ in more than numbers: realized value by value
+            self._no_live[id(template)] = str(e)
+            return None
+        except Mismatch:  # not at this value (the plan, if any, is where it was)
+            if plan is not None and not plan.alive:
+                self._drop(template)
+            return None
+        except BaseException:
+            self._drop(template)
+            raise
+        self.realized += 1
+        if settings.TEMPLATE_CHECK.get():
+            self._check(template, shapes, host, plan)
+        return plan
+
+    def _drop(self, template: Template) -> None:
+        plan = self._live.pop(id(template), None)
+        if plan is not None:
+            self.live_bytes -= plan.device_bytes
+            plan.free()
+
+    def free(self) -> None:
+        """Free the live plans (the templates stay: the next shape on one makes its plan again)."""
+        for plan in self._live.values():
+            plan.free()
+        self._live.clear()
+        self.live_bytes = 0
+
+    @property
+    def live_plans(self) -> int:
+        return len(self._live)
+
+    @staticmethod
+    def _key(shapes: Shapes, host: dict[str, np.ndarray]) -> tuple:
+        return (tuple(len(s) for s in shapes.values()), tuple((n, np.asarray(v).tobytes()) for n, v in host.items()))
 
     def _trace(self, shapes: Shapes, host: dict[str, np.ndarray]) -> Tape:
         return trace(self.graph, self.backend, shapes, host, fuse=self.fuse, precision=self.precision, pool=self.pool,
@@ -114,6 +186,8 @@ class Families:
         tape = self._trace(shapes, host)
         self.pool.release(tape.shared)
         if not template.verify(tape, shapes, self.pool):
+            if isinstance(plan, LivePlan):
+                self._drop(template)
             plan.free()
             raise RuntimeError(f"EMBER_TEMPLATE_CHECK: the plan the template made for shapes {shapes} differs from "
                                "a traced build of them")

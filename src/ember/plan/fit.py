@@ -208,10 +208,26 @@ class Template:
             return None
         return v
 
-    def point(self, v: int, pool: WeightPool) -> Point:
-        """The tape's numbers at v (Mismatch where they are not whole)."""
-        leaves = [fits if isinstance(fits, _Same) else [at(f, v) for f in fits] for fits in self.leaves]
-        results = [fits if isinstance(fits, _Same) else [at(f, v) for f in fits] for fits in self.results]
+    def leaves_at(self, i: int, v: int) -> list[Any]:
+        """Entry i's argument numbers at v (Mismatch where they are not whole)."""
+        fits = self.leaves[i]
+        return fits if isinstance(fits, _Same) else [at(f, v) for f in fits]
+
+    def io_at(self, v: int) -> list[Any]:
+        return [at(f, v) for f in self.io]
+
+    def point(self, v: int, pool: WeightPool, only: set[int] | None = None) -> Point:
+        """The tape's numbers at v (Mismatch where they are not whole); with `only`, the numbers of those entries
+        (and of the io and constants), the others' left None."""
+        if only is None:
+            leaves = [fits if isinstance(fits, _Same) else [at(f, v) for f in fits] for fits in self.leaves]
+            results = [fits if isinstance(fits, _Same) else [at(f, v) for f in fits] for fits in self.results]
+        else:
+            leaves, results = [None] * len(self.leaves), [None] * len(self.results)  # type: ignore[list-item]
+            for i in only | set(self.consts):
+                leaves[i] = self.leaves_at(i, v)
+                fits = self.results[i]
+                results[i] = fits if isinstance(fits, _Same) else [at(f, v) for f in fits]
         io = [at(f, v) for f in self.io]
         values = self._run_program(v) if self.program else {}
         consts = {}
@@ -270,3 +286,39 @@ class Template:
                 and all(equal_leaves(x, y) for x, y in zip(p.results, own.results, strict=True))
                 and equal_leaves(p.io, own.io)
                 and all(p.consts[i][0] == own.consts[i][0] for i in p.consts))
+
+
+class Numbers:
+    """Many integers that are polynomials in v, evaluated together. Fitted through consecutive points
+    vs[0], vs[0] + 1, ... (all of `vs` but the last) by forward differences, checked at the last point (Refused
+    where a row is not such a polynomial): p(vs[0] + u) = sum_k C(u, k) * diff_k, exact in integers."""
+
+    def __init__(self, vs: list[int], rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1, len(vs))
+        fit_vs, check = vs[:-1], vs[-1]
+        if fit_vs != list(range(fit_vs[0], fit_vs[0] + len(fit_vs))) or check in fit_vs:
+            raise ValueError("Numbers: fitted through consecutive points, checked at another")
+        self.origin = fit_vs[0]
+        diffs = [rows[:, 0]]
+        level = rows[:, :-1]
+        for _ in range(len(fit_vs) - 1):
+            level = np.diff(level, axis=1)
+            diffs.append(level[:, 0])
+        self.diffs = np.stack(diffs, axis=1)  # (rows, degree + 1): the k-th forward differences at the origin
+        self._scale = int(np.abs(self.diffs).max()) if self.diffs.size else 0
+        if not np.array_equal(self.at(check), rows[:, -1]):
+            raise Refused("a runtime size is not a polynomial in the template's dim")
+
+    def __len__(self) -> int:
+        return len(self.diffs)
+
+    def at(self, v: int) -> np.ndarray:
+        """Every row's value at v (int64)."""
+        u = v - self.origin
+        binom = [1]
+        for k in range(1, self.diffs.shape[1]):
+            binom.append(binom[-1] * (u - k + 1) // k)  # C(u, k), exact for any integer u
+        if max(abs(b) for b in binom) * self._scale * len(binom) < 2**62:
+            return self.diffs @ np.array(binom, dtype=np.int64)
+        exact = self.diffs.astype(object) @ np.array(binom, dtype=object)
+        return np.array([int(x) for x in exact], dtype=np.int64)

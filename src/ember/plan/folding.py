@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.cpu import CpuBackend
+from ..backends.cpu.elementwise import record_elementwise
 from ..ops import Context, Op, Tensor
 
 _LOCAL = threading.local()  # one fold backend per thread: plans may be built on several threads at once
@@ -31,7 +32,7 @@ def fold(op: Op, inputs: list[Tensor | None]) -> list[Tensor | None]:
     be = fold_backend()
     ctx = Context(be)
     try:
-        outs = op.run(ctx, *inputs)
+        outs = [_on_host(t) for t in op.run(ctx, *inputs)]
         for t in outs:
             if t is not None and t.lazy is not None:
                 ctx.view(t)
@@ -46,6 +47,21 @@ def fold(op: Op, inputs: list[Tensor | None]) -> list[Tensor | None]:
     finally:
         for h in ctx.handles:
             be.free(h)
+
+
+def _on_host(t: Tensor | None) -> Tensor | None:
+    """A lazy elementwise value over constants computed right here, by the cpu backend's elementwise kernel on
+    numpy arrays: what recording it on the fold backend would do, without buffers and steps (the host program
+    of a template runs such folds on every move)."""
+    lz = t.lazy if t is not None else None
+    if t is None or lz is None or lz.anchor is not None or any(i.value is None for i in lz.inputs):
+        return t
+    dst = np.empty(t.shape, t.dtype)
+    if dst.size:
+        ins = [np.broadcast_to(np.asarray(i.value, i.dtype), t.shape) for i in lz.inputs]
+        for step in record_elementwise(lz.expr, ins, dst):
+            step()
+    return Tensor(t.dtype, t.shape, value=dst)
 
 
 class FoldCache:

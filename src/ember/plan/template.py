@@ -95,137 +95,187 @@ def _as_is(ref: Ref) -> Ref:
     return ref
 
 
-def realize(tape: Tape, point: Point, backend: ComputeBackend, pool: WeightPool) -> Plan:
-    """The plan `tape` stands for at `point` (see the module docstring)."""
-    entries = tape.entries
-    itemsize: dict[str, int] = {}
+class Storage:
+    """The backend's storage bytes per element of a dtype, asked once per dtype."""
 
-    def storage(dtype: np.dtype) -> int:
-        hit = itemsize.get(dtype.str)
+    def __init__(self, backend: ComputeBackend) -> None:
+        self.backend = backend
+        self.sizes: dict[str, int] = {}
+
+    def __call__(self, dtype: np.dtype) -> int:
+        hit = self.sizes.get(dtype.str)
         if hit is None:
-            hit = itemsize[dtype.str] = backend.storage_itemsize(dtype)
+            hit = self.sizes[dtype.str] = self.backend.storage_itemsize(dtype)
         return hit
 
-    # Pass 1: the arguments with Refs for handles, the bytes each buffer must hold and where steps touch it.
+
+def entry_needs(tape: Tape, i: int, leaves: list[Any], storage: Storage) -> list[tuple[Ref, int]]:
+    """(buffer, bytes it must hold) for each buffer entry i's call touches at these leaves."""
+    e = tape.entries[i]
+    if e.kind in ("const", "query", "object"):
+        return []
+    a = decode_call(e.skeleton, list(leaves), _as_is, _as_is)
+    if e.kind == "alloc":
+        return [(Ref("tape", i), _whole(a[0][0], "an allocation's size"))]
+    views: list[View] = []
+    _views(a, views)
+    refs = [(v.handle, v.extent() * storage(v.dtype)) for v in views]
+    for part, raw in zip(e.skeleton[0], a[0], strict=True):
+        if part[0] == "h":
+            refs.append((raw, 0))
+    if e.method == "record_copy":
+        refs += [(a[0][0], a[0][2]), (a[0][1], a[0][2])]
+    elif e.method == "upload":
+        refs.append((a[0][0], a[0][1].size * storage(a[0][1].dtype)))
+    return [(ref, nbytes) for ref, nbytes in refs if ref.kind == "tape"]
+
+
+def io_needs(tape: Tape, io_leaves: list[Any], storage: Storage) -> list[tuple[Ref, int]]:
+    """(buffer, bytes) of the plan's inputs and outputs at these io leaves."""
+    io = decode(tape.io[0], list(io_leaves), _as_is, _as_is)
+    views: list[View] = []
+    _views(io, views)
+    return [(v.handle, v.extent() * storage(v.dtype)) for v in views if v.handle.kind == "tape"]
+
+
+def needs(tape: Tape, point: Point, storage: Storage) -> tuple[dict[Ref, int], dict[Ref, list[int]]]:
+    """The bytes each buffer must hold at `point`, and the step positions that touch it (inputs and outputs
+    live for the whole run)."""
     need: dict[Ref, int] = {}
     touch: dict[Ref, list[int]] = {}
     position = {st.entry: i for i, st in reversed(list(enumerate(tape.steps)))}
-    for i, e in enumerate(entries):
-        if e.kind in ("const", "query", "object"):
-            continue
-        a = decode_call(e.skeleton, list(point.leaves[i]), _as_is, _as_is)
-        if e.kind == "alloc":
-            need[Ref("tape", i)] = max(need.get(Ref("tape", i), 0), _whole(a[0][0], "an allocation's size"))
-            continue
-        views: list[View] = []
-        _views(a, views)
-        refs = [(v.handle, v.extent() * storage(v.dtype)) for v in views]
-        for part, raw in zip(e.skeleton[0], a[0], strict=True):
-            if part[0] == "h":
-                refs.append((raw, 0))
-        if e.method == "record_copy":
-            refs += [(a[0][0], a[0][2]), (a[0][1], a[0][2])]
-        elif e.method == "upload":
-            refs.append((a[0][0], a[0][1].size * storage(a[0][1].dtype)))
+    for i in range(len(tape.entries)):
         at = position.get(i)
-        for ref, nbytes in refs:
-            if ref.kind == "tape":
-                need[ref] = max(need.get(ref, 0), nbytes)
-                if at is not None:
-                    touch.setdefault(ref, []).append(at)
-    io = decode(tape.io[0], list(point.io), _as_is, _as_is)
-    io_views: list[View] = []
-    _views(io, io_views)
+        for ref, nbytes in entry_needs(tape, i, point.leaves[i], storage):
+            need[ref] = max(need.get(ref, 0), nbytes)
+            if at is not None:
+                touch.setdefault(ref, []).append(at)
     last = len(tape.steps)
-    for v in io_views:  # inputs and outputs live for the whole run
-        if v.handle.kind == "tape":
-            need[v.handle] = max(need.get(v.handle, 0), v.extent() * storage(v.dtype))
-            touch.setdefault(v.handle, []).extend((0, last))
+    for ref, nbytes in io_needs(tape, point.io, storage):
+        need[ref] = max(need.get(ref, 0), nbytes)
+        touch.setdefault(ref, []).extend((0, last))
+    return need, touch
 
+
+def lay_out(tape: Tape, need: dict[Ref, int], touch: dict[Ref, list[int]], backend: ComputeBackend,
+            owned: list[int]) -> tuple[dict[Ref, int], int]:
+    """Buffers for `need`: pinned ones (inputs, outputs, uploads) of their own; intermediates share memory where
+    their step ranges do not overlap (best fit). Returns (handles, intermediate bytes); what it allocates is
+    appended to `owned`."""
     handles: dict[Ref, int] = {}
+    intermediate = 0
+    spans = []
+    for ref, nbytes in need.items():
+        if ref in tape.pinned or ref not in touch:
+            handles[ref] = backend.alloc(max(nbytes, 1))
+            owned.append(handles[ref])
+        else:
+            spans.append((min(touch[ref]), max(touch[ref]), max(nbytes, 1), ref))
+    spans.sort(key=lambda s: (s[0], s[1]))
+    active: list[tuple[int, int, int]] = []  # (last step, nbytes, handle)
+    free: list[tuple[int, int]] = []
+    for first, end, nbytes, ref in spans:
+        still = []
+        for span in active:
+            (free.append((span[1], span[2])) if span[0] < first else still.append(span))
+        active = still
+        fits = [f for f in free if nbytes <= f[0] <= 2 * nbytes + 4096]
+        if fits:
+            best = min(fits)
+            free.remove(best)
+            handle, size = best[1], best[0]
+        else:
+            handle, size = backend.alloc(nbytes), nbytes
+            owned.append(handle)
+            intermediate += nbytes
+        handles[ref] = handle
+        active.append((end, size, handle))
+    return handles, intermediate
+
+
+class Calls:
+    """The real calls of a tape's entries, on one backend, with the buffers and objects realized so far."""
+
+    def __init__(self, tape: Tape, backend: ComputeBackend, handles: dict[Ref, int]) -> None:
+        self.tape, self.backend, self.handles = tape, backend, handles
+        self.objects: dict[int, Any] = {}
+
+    def real(self, ref: Ref) -> int:
+        return self.handles[ref]
+
+    def fn(self, ref: Ref) -> Any:
+        index, field = ref.key
+        return getattr(self.objects[index], field)
+
+    def make(self, i: int, point: Point) -> Any:
+        """Entry i's call at `point` (an upload, a record call, a question or a kernel selection): a record
+        call's steps, else None. A question answered otherwise than `point` says is a Mismatch."""
+        e = self.tape.entries[i]
+        a, kw = decode_call(e.skeleton, list(point.leaves[i]), self.real, self.fn)
+        if e.kind == "upload":
+            self.backend.upload(a[0], a[1])
+            return None
+        target = getattr(self.backend, e.method) if e.receiver is None else self.fn(e.receiver)
+        if i in point.moving and e.receiver is None and e.method in self.backend.RUNTIME_SIZES:
+            kw = {**kw, "runtime_sizes": True}  # one kernel for every point of the template
+        result = target(*a, **kw)
+        if e.kind == "steps":
+            return result
+        if e.kind == "object":
+            plain = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)
+                     if not callable(getattr(result, f.name)) or isinstance(getattr(result, f.name), type)}
+            _same_answer(e, plain, point.results[i], self.tape)
+            self.objects[i] = result
+        else:
+            _same_answer(e, result, point.results[i], self.tape)
+        return None
+
+    def io(self, point: Point) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]]:
+        """The plan's (name, Tensor) inputs and outputs at `point`."""
+        def tensor(dtype: str, shape: tuple, view: View | None, value: Any = None) -> Tensor:
+            return Tensor(np.dtype(dtype), tuple(shape), value=value, view=view)
+
+        ins, outs = decode(self.tape.io[0], list(point.io), self.real, self.fn)
+        return ([(n, tensor(d, s, v)) for n, d, s, v in ins],
+                [(n, tensor(d, s, v, val)) for n, d, s, v, val in outs])
+
+
+def ordered_steps(tape: Tape, results: dict[int, list]) -> tuple[list, list[str]]:
+    """The plan's steps and labels: each record call's steps where its fake step stood."""
+    steps, labels = [], []
+    for st, label in zip(tape.steps, tape.labels, strict=True):
+        got = results[st.entry]
+        steps += got
+        labels += [label] * len(got)
+    return steps, labels
+
+
+def realize(tape: Tape, point: Point, backend: ComputeBackend, pool: WeightPool) -> Plan:
+    """The plan `tape` stands for at `point` (see the module docstring)."""
+    storage = Storage(backend)
+    need, touch = needs(tape, point, storage)
     owned: list[int] = []
     shared: list[Any] = []
-    objects: dict[int, Any] = {}
-    results: dict[int, list] = {}
-    intermediate = 0
     try:
-        # Memory: pinned buffers (inputs, outputs, uploads) of their own; intermediates share by step ranges.
-        spans = []
-        for ref, nbytes in need.items():
-            if ref in tape.pinned or ref not in touch:
-                handles[ref] = backend.alloc(max(nbytes, 1))
-                owned.append(handles[ref])
-            else:
-                spans.append((min(touch[ref]), max(touch[ref]), max(nbytes, 1), ref))
-        spans.sort(key=lambda s: (s[0], s[1]))
-        active: list[tuple[int, int, int]] = []  # (last step, nbytes, handle)
-        free: list[tuple[int, int]] = []
-        for first, end, nbytes, ref in spans:
-            still = []
-            for span in active:
-                (free.append((span[1], span[2])) if span[0] < first else still.append(span))
-            active = still
-            fits = [f for f in free if nbytes <= f[0] <= 2 * nbytes + 4096]
-            if fits:
-                best = min(fits)
-                free.remove(best)
-                handle, size = best[1], best[0]
-            else:
-                handle, size = backend.alloc(nbytes), nbytes
-                owned.append(handle)
-                intermediate += nbytes
-            handles[ref] = handle
-            active.append((end, size, handle))
-
-        def real(ref: Ref) -> int:
-            return handles[ref]
-
-        def fn(ref: Ref) -> Any:
-            index, field = ref.key
-            return getattr(objects[index], field)
-
-        # Pass 2: the calls, in the tape's order.
-        for i, e in enumerate(entries):
+        handles, intermediate = lay_out(tape, need, touch, backend, owned)
+        calls = Calls(tape, backend, handles)
+        results: dict[int, list] = {}
+        for i, e in enumerate(tape.entries):
             if e.kind == "alloc" or (e.kind == "query" and i not in point.ask):
                 continue
             if e.kind == "const":
                 key, value = point.consts[i]
                 dtype = np.dtype(e.skeleton[0])
-                size = _whole(point.leaves[i][0], "a constant's size")
-                nbytes = max(size, 1) * storage(dtype)
+                nbytes = max(_whole(point.leaves[i][0], "a constant's size"), 1) * storage(dtype)
                 handles.setdefault(Ref("const", i), pool.acquire(key, nbytes,
                                                                  lambda v=value, d=dtype: np.ascontiguousarray(v, d)))
                 shared.append(key)
                 continue
-            a, kw = decode_call(e.skeleton, list(point.leaves[i]), real, fn)
-            if e.kind == "upload":
-                backend.upload(a[0], a[1])
-                continue
-            target = getattr(backend, e.method) if e.receiver is None else fn(e.receiver)
-            if i in point.moving and e.receiver is None and e.method in backend.RUNTIME_SIZES:
-                kw = {**kw, "runtime_sizes": True}  # one kernel for every point of the template
-            result = target(*a, **kw)
+            got = calls.make(i, point)
             if e.kind == "steps":
-                results[i] = result
-            elif e.kind == "object":
-                plain = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)
-                         if not callable(getattr(result, f.name)) or isinstance(getattr(result, f.name), type)}
-                _same_answer(e, plain, point.results[i], tape)
-                objects[i] = result
-            else:
-                _same_answer(e, result, point.results[i], tape)
-        steps, labels = [], []
-        for st, label in zip(tape.steps, tape.labels, strict=True):
-            got = results[st.entry]
-            steps += got
-            labels += [label] * len(got)
-
-        def tensor(dtype: str, shape: tuple, view: View | None, value: Any = None) -> Tensor:
-            return Tensor(np.dtype(dtype), tuple(shape), value=value, view=view)
-
-        ins, outs = decode(tape.io[0], list(point.io), real, fn)
-        inputs = [(n, tensor(d, s, v)) for n, d, s, v in ins]
-        outputs = [(n, tensor(d, s, v, val)) for n, d, s, v, val in outs]
+                results[i] = got
+        steps, labels = ordered_steps(tape, results)
+        inputs, outputs = calls.io(point)
     except BaseException:
         for h in owned:
             backend.free(h)

@@ -4,7 +4,8 @@ run (kernels/*.wgsl) and a shader library they share (shader/).
 Where things run: elementwise ops -> elementwise.py (generated), gemm/MatMul -> matmul.py over gemm.py's generated
 tiled kernel, Conv -> conv.py (conv_depthwise.py, conv_direct.py, conv_igemm.py; Winograd in winograd.py, chosen
 by winograd_cost.py), reductions -> reduce.py, attention -> attention.py, LayerNorm/RMSNorm and (log)softmax ->
-norm.py and softmax.py, pooling -> pool.py, gather -> gather.py, scan/top-k/scatter -> loops.py, DFT -> spectral.py.
+norm.py and softmax.py, pooling -> pool.py, gather -> gather.py, scan/top-k/scatter -> loops.py, DFT -> spectral.py;
+runtime sizes moved without recording again (live plans) -> resize.py.
 
 Importing the kernel modules registers their record functions in program.KERNELS, where WgpuBackend looks them up.
 """
@@ -21,6 +22,7 @@ from . import (  # noqa: F401  (each registers its kernels in program.KERNELS)
     norm,
     pool,
     reduce,
+    resize,
     softmax,
     spectral,
     winograd,

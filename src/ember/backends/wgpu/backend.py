@@ -527,9 +527,17 @@ class WgpuBackend(ComputeBackend):
     def record_elementwise(self, expr: Expr, inputs: list[View], out: View, runtime_sizes: bool = False) -> list:
         return KERNELS["record_elementwise"](self, expr, inputs, out, runtime_sizes)
 
+    def probe_sizes(self, method: str, args: tuple, kwargs: dict) -> tuple | None:
+        return KERNELS["probe_sizes"](self, method, args, kwargs)
+
+    def sizes_writer(self, steps: list, grids: list[tuple[int, int, int]]) -> tuple[list, Any]:
+        return KERNELS["sizes_writer"](self, steps, grids)
+
     def uniform_buffer(self, data: bytes) -> Any:
-        """A small uniform buffer holding `data` (a dispatch's own: kept by it; program.sizes_buffer)."""
-        return self.device.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.UNIFORM)
+        """A small uniform buffer holding `data` (a dispatch's own: kept by it; program.sizes_buffer), writable
+        by the queue (a live plan's move: resize.py)."""
+        usage = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
+        return self.device.create_buffer_with_data(data=data, usage=usage)
 
     def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
                       beta: float = 1.0, act: Expr | None = None) -> list:
