@@ -5,7 +5,8 @@ flat KV cache (tests/models/decoders.py), decoded greedily a token a step from a
         [--engines ember-wgpu,ember-wgpu-f16,ember-cpu,torch,torch-f16,ort-cpu] [--json out.json] [--md out.md]
         [--profile DIR]
 
-Columns per engine: ms per step over the loop (each step a new past length, as in a real decode), tokens/s, and
+Columns per engine: ms per step over the loop (each step a new past length, as in a real decode; the median, and
+for ember the mean and the slowest step after the first four, which include a live plan's regrowth), tokens/s, and
 for ember the ms of a step whose plan exists already (the same length run again: the replay alone, what a
 shape-polymorphic plan would cost per step), the GPU time of that replay (wgpu) and the plans it built. ember
 keeps the cache on the device (`keep_on_device=True`, presents fed back as pasts); torch runs the transformers
@@ -81,7 +82,9 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
     gpu = model.gpu_time(last) if backend == "wgpu" else None
     info = model.cache_info()
     per_step = (pipelines[-1] - pipelines[4]) / max(steps - 5, 1) if steps > 8 else None
-    return {"ms/step": step_ms, "tok/s": 1e3 / step_ms, "first 4 steps ms": [round(t, 1) for t in times[:4]],
+    mean_ms = float(np.mean(times[4:] if steps > 8 else times[1:]))  # with the live plans' regrowths
+    return {"ms/step": step_ms, "tok/s": 1e3 / step_ms, "mean ms/step": mean_ms, "max ms": max(times[4:] or times),
+            "first 4 steps ms": [round(t, 1) for t in times[:4]],
             "replay ms": replay.median, **({"replay GPU ms": gpu} if gpu is not None else {}),
             "builds": info["builds"], "from template": info["from_template"],
             **({"new pipelines/step": per_step} if backend == "wgpu" else {})}

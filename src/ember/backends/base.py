@@ -56,7 +56,7 @@ class ComputeBackend(PublicOps, ABC):
     def probe_sizes(self, method: str, args: tuple, kwargs: dict) -> tuple | None:
         """What the RUNTIME_SIZES call `method(*args, **kwargs, runtime_sizes=True)` would record, with nothing made
         on the device: (structure, one int32 array of uniform values per dispatch, one grid per dispatch), or None.
-        Two calls of one structure record the same kernels on the same buffers, so steps recorded by one run as the
+        Two calls of one structure on the same buffers record the same kernels, so steps recorded by one run as the
         other once `sizes_writer` has given them the other's values and a grid covering its work. Where the grid
         moves with the sizes, a kernel's first value is the count of invocations doing work and a larger grid
         does no harm (the invocations past the count return)."""

@@ -108,14 +108,15 @@ class Families:
         if plan is not None and plan.v == v:
             return plan
         try:
+            like = None
             if plan is not None:
                 try:
                     plan.move(v)
                 except Full:
-                    self._drop(template)
-                    plan = None
+                    self._drop(template)  # its buffers go first; its fits serve the larger plan
+                    like, plan = plan, None
             if plan is None:
-                plan = LivePlan(template, v, self.backend, self.pool)
+                plan = LivePlan(template, v, self.backend, self.pool, like)
                 self._live[id(template)] = plan
                 self.live_bytes += plan.device_bytes
         except Refused as e:  # the template's plans differ in more than numbers: realized value by value

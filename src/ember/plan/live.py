@@ -28,9 +28,9 @@ MIN_HEADROOM = 8  # values of the dim above the one a live plan is made at that 
 
 
 def capacity(v: int) -> int:
-    """The value of the dim a live plan made at v sizes its buffers for: half as much again (a decode regrows
-    a handful of times on the way to a long context)."""
-    return v + max(MIN_HEADROOM, v // 2)
+    """The value of the dim a live plan made at v sizes its buffers for: twice v (a decode regrows a handful of
+    times on the way to a long context)."""
+    return v + max(MIN_HEADROOM, v)
 
 
 class Full(Exception):
@@ -43,7 +43,9 @@ class Full(Exception):
 class LivePlan(Plan):
     """A template's plan at one value of its dim at a time (see the module docstring)."""
 
-    def __init__(self, template: Template, v: int, backend: ComputeBackend, pool: WeightPool) -> None:
+    def __init__(self, template: Template, v: int, backend: ComputeBackend, pool: WeightPool,
+                 like: LivePlan | None = None) -> None:
+        """The plan at v; `like`, the template's previous live plan (too small, freed), lends its fits."""
         tape = template.tape
         entries = tape.entries
         moving = sorted(template.moving)
@@ -95,10 +97,12 @@ class LivePlan(Plan):
                 got = calls.make(i, point)
                 if e.kind == "steps":
                     results[i] = got
-            fast = self._resizable(template, v, room, backend, calls, results, moving)
+            fast = (self._refit(like, template, v, room, backend, calls, results) if like is not None else None) \
+                or self._resizable(template, v, room, backend, calls, results, moving)
             steps, labels = ordered_steps(tape, results)
             inputs, outputs = calls.io(point)
-            rooms = self._rooms(template, v, room, storage, moving, handles)
+            rooms = (like._needs, like._need_refs) if like is not None and like._needs is not None else \
+                self._rooms(template, v, room, storage, moving)
         except BaseException:
             for h in owned:
                 backend.free(h)
@@ -108,9 +112,10 @@ class LivePlan(Plan):
         super().__init__(backend, built, inputs, outputs)  # type: ignore[arg-type]
         self.template, self.v, self.capacity, self.moves = template, v, room, 0
         self._storage, self._calls, self._results, self._consts = storage, calls, results, sorted(consts)
-        self._fast, self._sizes, self._bounds = fast
+        self._fast, self._sizes, self._bounds, self._structures = fast
         self._remake = [i for i in moving if entries[i].kind in ("steps", "upload") and i not in self._fast]
-        self._needs, self._room_of = rooms
+        self._needs, self._need_refs = rooms
+        self._room_of = np.array([self._room[r] for r in self._need_refs], dtype=np.int64)
         # What a move needs of the template's point: its questions, remade calls, moving constants and io.
         self._wanted = set(template.ask) | set(self._remake) | set(self._consts)
         self.stats["plan.source"] = "template"
@@ -123,13 +128,15 @@ class LivePlan(Plan):
         return [*fitted, max(room, fitted[-1] + 1)]
 
     def _resizable(self, template: Template, v: int, room: int, backend: ComputeBackend, calls: Calls,
-                   results: dict[int, list], moving: list[int]) -> tuple[dict, Numbers | None, list]:
+                   results: dict[int, list], moving: list[int]) -> tuple[dict, Numbers | None, list, dict]:
         """The moving record calls whose steps stay and only take new runtime sizes on a move (same kernels at
         every probed point, sizes polynomial in v): their steps, re-gridded for the room, in `results`;
-        returns ({entry: (value ranges per dispatch, writer)}, the values as Numbers, the grid bounds)."""
+        returns ({entry: (value ranges per dispatch, writer)}, the values as Numbers, the grid bounds, the
+        probed structures)."""
         tape = template.tape
         points = self._probe_points(template, v, room)
         fast: dict[int, tuple[list[tuple[int, int]], Any]] = {}
+        structures: dict[int, Any] = {}
         rows: list[np.ndarray] = []
         bounds: list[tuple[int, int]] = []  # (row, its value at the grid's point): the grid covers up to there
         for i in moving:
@@ -163,20 +170,45 @@ class LivePlan(Plan):
                 steps, writer = backend.sizes_writer(results[i], grids)
                 results[i] = steps
                 fast[i] = (ranges, writer)
+                structures[i] = probes[0][0]
                 continue
             del rows[mark:]  # not moved by its sizes alone: remade on each move
             del bounds[len(bounds) - len(ranges):]
         if not fast:
-            return {}, None, []
+            return {}, None, [], {}
         try:
             numbers = Numbers(points, np.array(rows))
         except Refused:
-            return {}, None, []
-        return fast, numbers, bounds
+            return {}, None, [], {}
+        return fast, numbers, bounds, structures
 
-    def _rooms(self, template: Template, v: int, room: int, storage: Storage, moving: list[int],
-               handles: dict[Ref, int]) -> tuple[Numbers | None, np.ndarray]:
-        """The bytes the moving entries and the io need of each buffer, as Numbers, and the room they have."""
+    def _refit(self, like: LivePlan, template: Template, v: int, room: int, backend: ComputeBackend,
+               calls: Calls, results: dict[int, list]) -> tuple | None:
+        """_resizable's answer from the previous live plan's fits: each of its resizable calls probed once, at this
+        room (it must agree with the fit there), for the grid that covers it; None where one does not agree."""
+        if like._sizes is None:
+            return None
+        tape, sizes = template.tape, like._sizes.at(room)
+        fast, bounds = {}, []
+        for i, (ranges, _) in like._fast.items():
+            e = tape.entries[i]
+            try:
+                a, kw = decode_call(e.skeleton, template.leaves_at(i, room), calls.real, calls.fn)
+                probe = backend.probe_sizes(e.method, a, kw)
+            except (Mismatch, ValueError, NotImplementedError):
+                return None
+            if probe is None or probe[0] != like._structures[i] or any(
+                    not np.array_equal(x, sizes[lo:hi]) for x, (lo, hi) in zip(probe[1], ranges, strict=True)):
+                return None
+            bounds += [(lo, int(sizes[lo])) for lo, _ in ranges]
+            steps, writer = backend.sizes_writer(results[i], [tuple(g) for g in probe[2]])
+            results[i] = steps
+            fast[i] = (ranges, writer)
+        return fast, like._sizes, bounds, like._structures
+
+    def _rooms(self, template: Template, v: int, room: int, storage: Storage,
+               moving: list[int]) -> tuple[Numbers | None, list[Ref]]:
+        """The bytes the moving entries and the io need of buffers, as Numbers, and which buffer each row is."""
         tape = template.tape
         points = self._probe_points(template, v, room)
         rows: list[list[int]] = []
@@ -188,13 +220,13 @@ class LivePlan(Plan):
                 got += io_needs(tape, template.io_at(p), storage)
                 per_point.append(got)
             if any([r for r, _ in got] != [r for r, _ in per_point[0]] for got in per_point):
-                return None, np.zeros(0, np.int64)
+                return None, []
             refs = [r for r, _ in per_point[0]]
             rows = [[got[k][1] for got in per_point] for k in range(len(refs))]
             numbers = Numbers(points, np.array(rows)) if rows else None
         except (Mismatch, Refused):
-            return None, np.zeros(0, np.int64)
-        return numbers, np.array([self._room[r] for r in refs], dtype=np.int64)
+            return None, []
+        return numbers, refs
 
     @staticmethod
     def _write_const(backend: ComputeBackend, handles: dict[Ref, int], i: int, value: Any, dtype: str) -> None:
@@ -275,3 +307,4 @@ class LivePlan(Plan):
     @property
     def alive(self) -> bool:
         return bool(self.handles)
+

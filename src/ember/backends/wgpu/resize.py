@@ -1,9 +1,9 @@
 """Runtime sizes moved without recording again: what a live plan (ember/plan/live.py) needs of this backend.
 
 `probe_sizes` runs a RUNTIME_SIZES record function on a stand-in for the backend that makes nothing on the
-device: pipelines are their WGSL source, bind groups the buffers they would bind, uniform buffers the int32s
-they would hold. Two points of a template whose probes have the same structure (same sources, same buffers)
-run the same dispatches, apart from the uniform values and grids. `sizes_writer` gives recorded dispatches
+device: pipelines are their WGSL source, bind groups the slots they would bind, uniform buffers the int32s they
+would hold. Two calls on the same buffers whose probes have the same structure (same sources and slots) record
+the same dispatches, apart from the uniform values and grids. `sizes_writer` gives recorded dispatches
 other grids and a function writing new values into their uniform buffers (wgpuQueueWriteBuffer: ordered after
 the work already submitted, before the next submit).
 """
@@ -61,7 +61,9 @@ def probe_sizes(be: WgpuBackend, method: str, args: tuple, kwargs: dict) -> tupl
     steps = KERNELS[method](_Stand(be), *args, **{**kwargs, "runtime_sizes": True})
     if not all(type(st) is Dispatch and len(st.keep) == 1 for st in steps):
         return None  # a step without exactly one uniform array: not one this probe can move
-    structure = tuple((st.pipeline, st.bind_group, st.label) for st in steps)
+    # The kernels and the slots they bind; which buffers fill the slots is the call's arguments' business (the
+    # same at every point of a template, a plan's own buffers in each plan).
+    structure = tuple((st.pipeline, tuple(i for i, _ in st.bind_group), st.label) for st in steps)
     return structure, [st.keep[0].values for st in steps], [st.grid for st in steps]
 
 
@@ -77,13 +79,13 @@ def sizes_writer(be: WgpuBackend, steps: list, grids: list[tuple[int, int, int]]
         uniform = [b for b in st.keep if b.usage & wgpu.BufferUsage.UNIFORM]
         if type(st) is not Dispatch or len(uniform) != 1:
             raise ValueError(f"sizes_writer: step {st!r} was not recorded with runtime sizes")
-        targets.append((uniform[0]._internal, uniform[0].size))
+        data = np.zeros(uniform[0].size // 4, np.int32)  # the words written; the queue copies them at once
+        targets.append((uniform[0]._internal, data, ffi.from_buffer(data), uniform[0].size))
         moved.append(st._replace(grid=tuple(grid)))
 
     def write_sizes(values: list[np.ndarray]) -> None:
-        for (target, size), v in zip(targets, values, strict=True):
-            data = np.zeros(size // 4, np.int32)
+        for (target, data, pointer, size), v in zip(targets, values, strict=True):
             data[:v.size] = v
-            write(queue, target, 0, ffi.from_buffer(data), size)
+            write(queue, target, 0, pointer, size)
 
     return moved, write_sizes
