@@ -219,15 +219,12 @@ class Template:
     def point(self, v: int, pool: WeightPool, only: set[int] | None = None) -> Point:
         """The tape's numbers at v (Mismatch where they are not whole); with `only`, the numbers of those entries
         (and of the io and constants), the others' left None."""
-        if only is None:
-            leaves = [fits if isinstance(fits, _Same) else [at(f, v) for f in fits] for fits in self.leaves]
-            results = [fits if isinstance(fits, _Same) else [at(f, v) for f in fits] for fits in self.results]
-        else:
-            leaves, results = [None] * len(self.leaves), [None] * len(self.results)  # type: ignore[list-item]
-            for i in only | set(self.consts):
-                leaves[i] = self.leaves_at(i, v)
-                fits = self.results[i]
-                results[i] = fits if isinstance(fits, _Same) else [at(f, v) for f in fits]
+        leaves: list[Any] = [None] * len(self.leaves)
+        results: list[Any] = [None] * len(self.results)
+        for i in range(len(self.leaves)) if only is None else only | set(self.consts):
+            leaves[i] = self.leaves_at(i, v)
+            fits = self.results[i]
+            results[i] = fits if isinstance(fits, _Same) else [at(f, v) for f in fits]
         io = [at(f, v) for f in self.io]
         values = self._run_program(v) if self.program else {}
         consts = {}
@@ -308,9 +305,6 @@ class Numbers:
         self._scale = int(np.abs(self.diffs).max()) if self.diffs.size else 0
         if not np.array_equal(self.at(check), rows[:, -1]):
             raise Refused("a runtime size is not a polynomial in the template's dim")
-
-    def __len__(self) -> int:
-        return len(self.diffs)
 
     def at(self, v: int) -> np.ndarray:
         """Every row's value at v (int64)."""

@@ -21,7 +21,19 @@ from ..backends.base import ComputeBackend
 from .fit import Numbers, Template
 from .planner import Plan
 from .tape import Ref, Refused, decode_call
-from .template import Calls, Mismatch, Storage, _Built, _whole, entry_needs, io_needs, lay_out, needs, ordered_steps
+from .template import (
+    Calls,
+    Mismatch,
+    Storage,
+    _Built,
+    _whole,
+    entry_needs,
+    io_needs,
+    lay_out,
+    make_calls,
+    needs,
+    ordered_steps,
+)
 from .weights import WeightPool
 
 MIN_HEADROOM = 8  # values of the dim above the one a live plan is made at that it holds room for, at least
@@ -79,24 +91,9 @@ class LivePlan(Plan):
                 owned.append(handles[ref])
                 self._room[ref] = backend.nbytes(handles[ref])
             calls = Calls(tape, backend, handles)
-            results: dict[int, list] = {}
-            for i, e in enumerate(entries):
-                if e.kind == "alloc" or (e.kind == "query" and i not in point.ask):
-                    continue
-                if i in consts:
-                    self._write_const(backend, handles, i, point.consts[i][1], e.skeleton[0])
-                    continue
-                if e.kind == "const":
-                    key, value = point.consts[i]
-                    dtype = np.dtype(e.skeleton[0])
-                    nbytes = max(_whole(point.leaves[i][0], "a constant's size"), 1) * storage(dtype)
-                    handles.setdefault(Ref("const", i), pool.acquire(
-                        key, nbytes, lambda v=value, d=dtype: np.ascontiguousarray(v, d)))
-                    shared.append(key)
-                    continue
-                got = calls.make(i, point)
-                if e.kind == "steps":
-                    results[i] = got
+            results = make_calls(tape, point, calls, pool, storage, shared, own=set(consts))
+            for i in consts:
+                self._write_const(backend, handles, i, point.consts[i][1], entries[i].skeleton[0])
             fast = (self._refit(like, template, v, room, backend, calls, results) if like is not None else None) \
                 or self._resizable(template, v, room, backend, calls, results, moving)
             steps, labels = ordered_steps(tape, results)
@@ -113,6 +110,7 @@ class LivePlan(Plan):
         self.template, self.v, self.capacity, self.moves = template, v, room, 0
         self._storage, self._calls, self._results, self._consts = storage, calls, results, sorted(consts)
         self._fast, self._sizes, self._bounds, self._structures = fast
+        self._moving = moving
         self._remake = [i for i in moving if entries[i].kind in ("steps", "upload") and i not in self._fast]
         self._needs, self._need_refs = rooms
         self._room_of = np.array([self._room[r] for r in self._need_refs], dtype=np.int64)
@@ -245,9 +243,9 @@ class LivePlan(Plan):
             short = np.flatnonzero(self._needs.at(v) > self._room_of)
             if short.size:
                 raise Full(f"{short.size} buffers are too small at {v}")
-        else:
-            for i in self._remake:
-                for ref, nbytes in entry_needs(tape, i, point.leaves[i], storage):
+        else:  # the needs did not fit a polynomial: every moving entry's, at v
+            for i in self._moving:
+                for ref, nbytes in entry_needs(tape, i, template.leaves_at(i, v), storage):
                     if nbytes > room[ref]:
                         raise Full(f"entry {i} needs {nbytes} bytes of a {room[ref]}-byte buffer at {v}")
             for ref, nbytes in io_needs(tape, point.io, storage):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Container
 from typing import Any
 
 import numpy as np
@@ -250,6 +251,29 @@ def ordered_steps(tape: Tape, results: dict[int, list]) -> tuple[list, list[str]
     return steps, labels
 
 
+def make_calls(tape: Tape, point: Point, calls: Calls, pool: WeightPool, storage: Storage, shared: list[Any],
+               own: Container[int] = ()) -> dict[int, list]:
+    """Every entry's call at `point` in the tape's order, its buffers allocated already: weight-pool constants
+    acquired (their keys appended to `shared`) but those in `own` (the caller's to fill), the questions in
+    point.ask asked again, the uploads and record calls made. Returns the record calls' steps by entry."""
+    results: dict[int, list] = {}
+    for i, e in enumerate(tape.entries):
+        if e.kind == "alloc" or (e.kind == "query" and i not in point.ask) or i in own:
+            continue
+        if e.kind == "const":
+            key, value = point.consts[i]
+            dtype = np.dtype(e.skeleton[0])
+            nbytes = max(_whole(point.leaves[i][0], "a constant's size"), 1) * storage(dtype)
+            calls.handles.setdefault(Ref("const", i), pool.acquire(
+                key, nbytes, lambda v=value, d=dtype: np.ascontiguousarray(v, d)))
+            shared.append(key)
+            continue
+        got = calls.make(i, point)
+        if e.kind == "steps":
+            results[i] = got
+    return results
+
+
 def realize(tape: Tape, point: Point, backend: ComputeBackend, pool: WeightPool) -> Plan:
     """The plan `tape` stands for at `point` (see the module docstring)."""
     storage = Storage(backend)
@@ -259,21 +283,7 @@ def realize(tape: Tape, point: Point, backend: ComputeBackend, pool: WeightPool)
     try:
         handles, intermediate = lay_out(tape, need, touch, backend, owned)
         calls = Calls(tape, backend, handles)
-        results: dict[int, list] = {}
-        for i, e in enumerate(tape.entries):
-            if e.kind == "alloc" or (e.kind == "query" and i not in point.ask):
-                continue
-            if e.kind == "const":
-                key, value = point.consts[i]
-                dtype = np.dtype(e.skeleton[0])
-                nbytes = max(_whole(point.leaves[i][0], "a constant's size"), 1) * storage(dtype)
-                handles.setdefault(Ref("const", i), pool.acquire(key, nbytes,
-                                                                 lambda v=value, d=dtype: np.ascontiguousarray(v, d)))
-                shared.append(key)
-                continue
-            got = calls.make(i, point)
-            if e.kind == "steps":
-                results[i] = got
+        results = make_calls(tape, point, calls, pool, storage, shared)
         steps, labels = ordered_steps(tape, results)
         inputs, outputs = calls.io(point)
     except BaseException:

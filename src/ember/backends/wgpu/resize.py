@@ -47,10 +47,9 @@ class _Stand:
 
     def dispatch(self, pipeline: Any, buffers: list[Any] | dict[int, Any], grid: tuple[int, int, int],
                  label: str = "") -> Dispatch:
-        items = buffers.items() if isinstance(buffers, dict) else enumerate(buffers)
+        items = list(buffers.items() if isinstance(buffers, dict) else enumerate(buffers))
         bound = tuple((i, "sizes") if isinstance(b, _Uniform) else (i, b) for i, b in items)
-        uniform = [b for b in (buffers.values() if isinstance(buffers, dict) else buffers) if isinstance(b, _Uniform)]
-        return Dispatch(pipeline, bound, tuple(grid), label, tuple(uniform))
+        return Dispatch(pipeline, bound, tuple(grid), label, tuple(b for _, b in items if isinstance(b, _Uniform)))
 
 
 @kernel("probe_sizes")
