@@ -222,10 +222,16 @@ class Model:
             if fam is not None:
                 fam.free()
             plan, built = self._build(shapes, host)
+        if fam is not None and fam.holds(plan):  # the trace verified a template: its live plan serves these shapes
+            self._evict(self._limit - fam.live_bytes, keep=0)
+            return plan
         self._plans[key] = plan
         self._plan_bytes += plan.device_bytes
         self._builds += built
         self._evict(self._limit - (fam.live_bytes if fam is not None else 0))
+        if fam is not None and fam.live_plans and self._plan_bytes + fam.live_bytes > self._limit:
+            self._evictions += fam.live_plans  # older than the plan just built: made again when their shapes return
+            fam.free()
         return plan
 
     def _build(self, shapes: dict[str, tuple[int, ...]], host: dict[str, np.ndarray]) -> tuple[Plan, bool]:
@@ -394,15 +400,17 @@ class Model:
                 for vi in self.graph.inputs if vi.shape is None or any(not isinstance(dim, int) for dim in vi.shape)}
 
     def cache_info(self) -> dict[str, int]:
-        """The plan cache and the weight pool: live plans, plans built since load, plans evicted, device bytes the
-        live plans hold (their own buffers and scratch), device bytes of the weights they share, and the bound on
-        the plans' bytes (load_onnx's plan_cache_bytes)."""
+        """The plan cache and the weight pool: live plans, plans built since load, shapes served from a template,
+        graph walks (`traces`: the traced builds, and the traces that verified a template, whose shapes a template
+        then served), plans evicted, device bytes the live plans hold (their own buffers and scratch), device bytes
+        of the weights they share, and the bound on the plans' bytes (load_onnx's plan_cache_bytes)."""
         with self._lock:
             f = self._families
-            made, live, live_bytes = (f.realized, f.live_plans, f.live_bytes) if f is not None else (0, 0, 0)
-            return {"plans": len(self._plans) + live, "builds": self._builds, "from_template": made, "evictions":
-                    self._evictions, "bytes": self._plan_bytes + live_bytes, "weight_bytes": self._pool.bytes,
-                    "limit_bytes": self._limit}
+            made, live, live_bytes, traces = ((f.realized, f.live_plans, f.live_bytes, f.traces) if f is not None
+                                              else (0, 0, 0, 0))
+            return {"plans": len(self._plans) + live, "builds": self._builds, "from_template": made,
+                    "traces": traces, "evictions": self._evictions, "bytes": self._plan_bytes + live_bytes,
+                    "weight_bytes": self._pool.bytes, "limit_bytes": self._limit}
 
     @contextlib.contextmanager
     def _device_errors(self) -> Any:

@@ -4,8 +4,9 @@ A family is the input shapes a model sees with the same ranks (and the same valu
 arithmetic). Each new shape of a family is first looked up in its verified templates (template.py): on a
 template's line, the plan is the template realized at that point, with no graph walk. Otherwise the shape is
 traced and realized (a build), and the tape is paired with the family's recent tapes: two whose shapes differ
-make a candidate template, and a later build on a candidate's line verifies it. A KV-cache decode (past length
-P, mask length P + 1) therefore builds three plans and realizes every later length from a template.
+make a candidate template, and a later trace on a candidate's line verifies it; that shape is then served by the
+template's live plan (live.py), so no plan is built for it. A KV-cache decode (past length P, mask length P + 1)
+therefore builds two plans, traces a third length and serves every length from the third on from a template.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Families:
         self._families: dict[tuple, _Family] = {}
         self.refused: str | None = None
         self.realized = 0  # shapes served by a template's plan
+        self.traces = 0  # graph walks: the builds, and the traces that verified a template (served by its plan)
         # Per verified template its live plan (live.py), or why it has none (its shapes are realized one by one).
         self._live: dict[int, LivePlan] = {}
         self._no_live: dict[int, str] = {}
@@ -78,12 +80,19 @@ class Families:
         except Refused as e:
             self.refused = str(e)
             return build(), True
+        self.traces += 1
+        verified = self._learn(family, tape, shapes, host)
+        if verified is not None:  # this trace verified a template: its live plan serves the shapes, none is built
+            v = verified.predict(shapes)
+            plan = self._live_plan(verified, v, shapes, host) if v is not None else None
+            if plan is not None:
+                self.pool.release(tape.shared)
+                return plan, False
         try:
             plan = realize(tape, own_point(tape), self.backend, self.pool)
         finally:
             self.pool.release(tape.shared)
         plan.stats["plan.source"] = "traced"
-        self._learn(family, tape, shapes, host)
         return plan, True
 
     def live(self, shapes: Shapes, host: dict[str, np.ndarray]) -> Plan | None:
@@ -151,6 +160,10 @@ class Families:
     def live_plans(self) -> int:
         return len(self._live)
 
+    def holds(self, plan: Plan) -> bool:
+        """Whether `plan` is one of the live plans (held here, outside the model's cache)."""
+        return any(p is plan for p in self._live.values())
+
     @staticmethod
     def _key(shapes: Shapes, host: dict[str, np.ndarray]) -> tuple:
         return (tuple(len(s) for s in shapes.values()), tuple((n, np.asarray(v).tobytes()) for n, v in host.items()))
@@ -159,7 +172,8 @@ class Families:
         return trace(self.graph, self.backend, shapes, host, fuse=self.fuse, precision=self.precision, pool=self.pool,
                      folds=self.folds, casts=self.casts)
 
-    def _learn(self, family: _Family, tape: Tape, shapes: Shapes, host: dict[str, np.ndarray]) -> None:
+    def _learn(self, family: _Family, tape: Tape, shapes: Shapes, host: dict[str, np.ndarray]) -> Template | None:
+        """Pair the tape with the family's candidates and recent tapes; the candidate it verified, if any."""
         for candidate in list(family.candidates):
             if candidate.predict(shapes) is None:
                 continue
@@ -168,7 +182,7 @@ class Families:
                 family.templates.append(candidate)
                 family.tapes.clear()
                 family.candidates.clear()
-                return
+                return candidate
             if candidate.degree < MAX_DEGREE:  # not a line: perhaps a parabola (sizes in v²), verified by the next
                 self._candidate(family, host, [*candidate.sources, (tape, shapes)])
         for old in family.tapes:
@@ -176,6 +190,7 @@ class Families:
         del family.candidates[:-CANDIDATES]
         family.tapes.append((tape, shapes))
         del family.tapes[:-RECENT_TAPES]
+        return None
 
     def _candidate(self, family: _Family, host: dict[str, np.ndarray], sources: list[tuple[Tape, Shapes]]) -> None:
         try:
