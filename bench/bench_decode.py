@@ -8,7 +8,9 @@ flat KV cache (tests/models/decoders.py), decoded greedily a token a step from a
 Columns per engine: ms per step over the loop (each step a new past length, as in a real decode; the median, and
 for ember the mean and the slowest step after the first four, which include a live plan's regrowth), tokens/s, and
 for ember the ms of a step whose plan exists already (the same length run again: the replay alone, what a
-shape-polymorphic plan would cost per step), the GPU time of that replay (wgpu) and the plans it built. ember
+shape-polymorphic plan would cost per step), the GPU time of that replay (wgpu), the plans it built, and the
+growth of the process's RSS and of the backend's bytes from the fifth step to the last (the issue's memory target:
+flat over a 512-step decode, `--steps 512`, beyond the live plan's regrowths, which the bytes columns include). ember
 keeps the cache on the device (`keep_on_device=True`, presents fed back as pasts); torch runs the transformers
 model eagerly on CUDA with a DynamicCache; ort-cpu is ONNX Runtime's CPU provider on the same export.
 """
@@ -26,6 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from tests.models import decoders  # noqa: E402
+from tests.models.memory import rss_mb  # noqa: E402
 
 import ember  # noqa: E402
 
@@ -49,9 +52,12 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
     times = []
     be = model.compute_backend
     pipelines = []
+    mem: list[tuple[float, int]] = []
     for step in range(steps):
         feeds = {"input_ids": np.array([[token]], np.int64), "attention_mask": np.ones((1, past + step + 1), np.int64)}
         pipelines.append(getattr(be, "pipelines_created", 0))
+        if step in (4, steps - 1):
+            mem.append((rss_mb(), be.memory_info()["bytes"]))
         t0 = time.perf_counter()
         out = model.run({**feeds, **cache}, keep_on_device=True)
         logits = out["logits"].numpy()
@@ -87,6 +93,9 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
             "first 4 steps ms": [round(t, 1) for t in times[:4]],
             "replay ms": replay.median, **({"replay GPU ms": gpu} if gpu is not None else {}),
             "builds": info["builds"], "from template": info["from_template"],
+            **({"RSS +MB": mem[-1][0] - mem[0][0], "RSS MB": mem[-1][0],
+                "backend +MB": (mem[-1][1] - mem[0][1]) / 2**20, "plan MB": info["bytes"] / 2**20}
+               if len(mem) == 2 else {}),
             **({"new pipelines/step": per_step} if backend == "wgpu" else {})}
 
 

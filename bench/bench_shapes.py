@@ -3,12 +3,15 @@
     python bench/bench_shapes.py [--models lm,resnet18_b1] [--shapes 60] [--backends cpu,wgpu] [--cache-mb 1024]
         [--run] [--json out.json] [--md out.md]
 
-`bert-hf` is a transformers BertModel (4 layers, width 768) fed a new sequence length per shape; `lm` is a
+`bert-hf` is a transformers BertModel (4 layers, width 768) fed a new sequence length per shape; `bert-small` the
+test suite's small BertModel (2 layers, width 64) with 1100 positions, fed lengths 2 ... shapes + 1 in a shuffled
+order (the issue's "1000 distinct sequence lengths": `--models bert-small --shapes 1000 --run`); `lm` is a
 GPT-2-like net built here (84 MB of weights: an 8192 x 768 embedding, a 1024 x 768 position table sliced
 to the length, two 768/3072 MLP blocks, a tied head) fed ids (1, S) for S = 8, 16, ...; `resnet18_b1` is
 bench_models' ResNet-18 fed batches 1, 2, ... Each shape builds a plan (`Model.plan_info`, or a run with --run);
-the table gives the RSS and backend bytes the shapes added after the first, the build time and (wgpu) new
-pipelines per shape, Model.cache_info() at the end, and what `close()` leaves on the backend.
+the table gives the RSS and backend bytes the shapes added after the first and after the first tenth (the
+allocator's high-water mark is set by then), the build time and (wgpu) new pipelines per shape,
+Model.cache_info() at the end, and what `close()` leaves on the backend.
 """
 
 from __future__ import annotations
@@ -68,6 +71,12 @@ def workload(name: str, shapes: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
 
         cfg = encoders.Encoder(layers=4, hidden=768, heads=12, ff=3072, vocab=30522)
         return str(encoders.export(cfg)), [cfg.feeds(1, 8 + 5 * i, seed=i) for i in range(shapes)]
+    if name == "bert-small":
+        from tests.models import encoders
+
+        cfg = encoders.Encoder(positions=max(512, shapes + 2))
+        lengths = rng.permutation(np.arange(2, shapes + 2))
+        return str(encoders.export(cfg)), [cfg.feeds(1, int(n), seed=i) for i, n in enumerate(lengths)]
     import graphs
 
     source, feeds, _ = graphs.resolve(name)
@@ -91,9 +100,9 @@ def main() -> None:
             be = ember.backend(backend)
             gc.collect()
             model = ember.load_onnx(source, backend=be, **opts)
-            builds, first = [], None
+            builds, first, tenth = [], None, None
             pipes = [getattr(be, "pipelines_created", 0)]
-            for fd in feeds:
+            for i, fd in enumerate(feeds):
                 t = time.perf_counter()
                 model.run(fd) if args.run else model.plan_info(fd)
                 builds.append((time.perf_counter() - t) * 1e3)
@@ -101,10 +110,14 @@ def main() -> None:
                 if first is None:
                     first = (rss_mb(), be.memory_info()["bytes"])
                     pipes.append(getattr(be, "pipelines_created", 0))
-            assert first is not None
+                if i == len(feeds) // 10:
+                    tenth = (rss_mb(), be.memory_info()["bytes"])
+            assert first is not None and tenth is not None
             info = model.cache_info() if hasattr(model, "cache_info") else {}
             cells = {"shapes": len(feeds), "RSS +MB": rss_mb() - first[0],
                      "backend +MB": (be.memory_info()["bytes"] - first[1]) / 2**20,
+                     "RSS +MB after 1/10": rss_mb() - tenth[0], "RSS at 1/10 MB": tenth[0],
+                     "backend +MB after 1/10": (be.memory_info()["bytes"] - tenth[1]) / 2**20,
                      "build ms (median)": float(np.median(builds[1:] or builds)),
                      # wgpu: pipelines built per shape after the first (0 would be a shape-polymorphic plan)
                      "new pipelines/shape": (getattr(be, "pipelines_created", 0) - pipes[-1]) / max(len(feeds) - 1, 1),
