@@ -92,7 +92,7 @@ class Setting(Generic[SettingValue]):
         scoped = _overrides.get(self.key, _UNSET)
         if scoped is not _UNSET:
             return scoped
-        raw = os.environ.get(self.env, "").strip()
+        raw = _environ(self.env).strip()
         if not raw:
             return self.default
         cached = _parsed.get((self.env, raw), _UNSET)
@@ -106,6 +106,32 @@ class Setting(Generic[SettingValue]):
         return value
 
 
+def _environ_reader() -> Callable[[str], str]:
+    """`os.environ.get(name, "")`, cheaper: a public op reads a setting or two per call (its cache key,
+    api_cache.py), and for an unset variable, the usual case, `os.environ.get` costs ~1 µs (Mapping.get catches
+    the KeyError os._Environ raises). Where os.environ is CPython's os._Environ this looks the variable up in the
+    dict behind it, which every change through os.environ (and so monkeypatch.setenv) updates; the same values
+    as os.environ.get, read each time. Anything else (os.environ replaced) takes os.environ.get."""
+    env = os.environ
+    data, encode, decode = (getattr(env, "_data", None), getattr(env, "encodekey", None),
+                            getattr(env, "decodevalue", None))
+    if type(env) is not os._Environ or type(data) is not dict or encode is None or decode is None:
+        return lambda name: os.environ.get(name, "")
+    keys: dict[str, Any] = {}
+
+    def read(name: str) -> str:
+        if os.environ is not env:  # replaced since: the general route
+            return os.environ.get(name, "")
+        key = keys.get(name)
+        if key is None:
+            key = keys[name] = encode(name)
+        raw = data.get(key)
+        return "" if raw is None else decode(raw)
+
+    return read
+
+
+_environ = _environ_reader()
 _UNSET: Any = object()
 _overrides: dict[str, Any] = {}
 _parsed: dict[tuple[str, str], Any] = {}

@@ -204,6 +204,40 @@ def test_recording_settings_are_part_of_the_key(wgpu_be: ember.ComputeBackend, r
             be.free(h)
 
 
+def test_commands_failing_validation_raise_on_every_call(wgpu_be: ember.ComputeBackend,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """wgpu: a cache hit replays without wgpu-py's error capture (encode.replay_checked_before), which is sound only
+    because an entry is kept after a first run through the checked calls succeeded. Steps that fail validation (a
+    grid past the adapter's workgroup limit) raise on the first call, are never kept, and so raise on every call;
+    the valid steps recorded afterwards run, and replay."""
+    import wgpu
+
+    from ember.backends.wgpu.program import WORKGROUPS_PER_DIM
+
+    be, n = wgpu_be, 4096
+    x, y = upload(be, np.arange(n, dtype=np.float32) - n / 2), be.alloc(n * 4)
+    try:
+        good = be.record_unary(ember.UnaryOp.RELU, x, y, n)
+        bad = [good[0]._replace(grid=(WORKGROUPS_PER_DIM + 1, 1, 1)), *good[1:]]
+        monkeypatch.setattr(be, "record_unary", lambda *args: bad)
+        start = be.api_cache_info()
+        for _ in range(3):
+            with pytest.raises(wgpu.GPUError):
+                be.unary("relu", x, y, n)
+        info = be.api_cache_info()
+        assert (info["misses"] - start["misses"], info["hits"] - start["hits"]) == (3, 0)
+        assert info["entries"] == start["entries"]
+        monkeypatch.undo()
+        for _ in range(3):
+            be.unary("relu", x, y, n)
+        info = be.api_cache_info()
+        assert (info["misses"] - start["misses"], info["hits"] - start["hits"]) == (4, 2)
+        np.testing.assert_array_equal(download(be, y, n), np.maximum(np.arange(n, dtype=np.float32) - n / 2, 0))
+    finally:
+        be.free(x)
+        be.free(y)
+
+
 def test_same_call_from_several_threads(be: ember.ComputeBackend, rng: np.random.Generator) -> None:
     """Threads making the same call (one cache key) and calls of their own at once: every result right, and the
     shared key holds one entry at the end."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
@@ -18,6 +19,24 @@ def test_read_when_used_not_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.WINOGRAD.get() == 0
     monkeypatch.delenv("EMBER_WINOGRAD")
     assert settings.WINOGRAD.get() is None
+
+
+def test_environment_read_matches_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast read of the environment (settings._environ_reader) answers what os.environ.get would, as the
+    variable is set, changed and removed, and takes os.environ.get where os.environ was replaced."""
+    monkeypatch.delenv("EMBER_ENCODE_AHEAD", raising=False)
+    assert settings.ENCODE_AHEAD.get() is True  # the default
+    monkeypatch.setenv("EMBER_ENCODE_AHEAD", " off ")
+    assert settings.ENCODE_AHEAD.get() is False
+    monkeypatch.setenv("EMBER_ENCODE_AHEAD", "1")
+    assert settings.ENCODE_AHEAD.get() is True
+    monkeypatch.setenv("EMBER_ENCODE_AHEAD", "")
+    assert settings.ENCODE_AHEAD.get() is True  # empty: the default
+    monkeypatch.setenv("EMBER_ENCODE_AHEAD", "maybe")
+    with pytest.raises(ValueError, match="EMBER_ENCODE_AHEAD='maybe'"):
+        settings.ENCODE_AHEAD.get()
+    monkeypatch.setattr(os, "environ", {"EMBER_ENCODE_AHEAD": "no"})  # a plain dict in its place
+    assert settings.ENCODE_AHEAD.get() is False
 
 
 def test_override_wins_over_the_environment_and_is_restored(monkeypatch: pytest.MonkeyPatch) -> None:

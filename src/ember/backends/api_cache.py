@@ -6,7 +6,9 @@ the backend's recording context (settings that change what gets recorded, `Compu
 value baked into the recorded steps is part of it. Handles are never reused (alloc counts up), and free() drops
 every entry naming the freed handle before the memory goes, so an entry never outlives a buffer it binds, and a
 buffer recycled under a new handle (wgpu's alloc(overwritten=True)) only ever meets entries keyed by that new
-handle. The steps read the buffers when they run, so a replay sees what copy_htod wrote since.
+handle. The steps read the buffers when they run, so a replay sees what copy_htod wrote since. An entry's first
+run goes through `execute_prepared`, a hit's through `replay_prepared`, which may skip the checks the first run
+made once for all (a failed first run's entry is released, never kept).
 
 Threads: an entry is taken out of the cache while it runs (a second thread making the same call meanwhile records
 an entry of its own, and the later of the two to come back is dropped), so a prepared form is never replayed by
@@ -44,7 +46,10 @@ class ApiCache:
         if fresh:
             entry = (be.prepare(record()), tuple(int(h) for h in handles))
         try:
-            be.execute_prepared(entry[0])
+            if fresh:
+                be.execute_prepared(entry[0])
+            else:  # it ran once through execute_prepared without an error (a failed run's entry is never put back)
+                be.replay_prepared(entry[0])
         except BaseException:
             be.release_prepared(entry[0])
             raise

@@ -77,19 +77,29 @@ class DeviceLostError(RuntimeError):
     object runs nothing again. `Model.reload()` (or a new load) moves a model onto a new device."""
 
 
+# Per enum, its members by value: a public op's name argument ("relu") found with one dict lookup per call.
+_MEMBERS: dict[type, dict[str, Any]] = {}
+
+
 def as_enum(kind: type[enum.Enum], value: Any, arg: str) -> Any:
     if isinstance(value, kind):
         return value
     if isinstance(value, str):
-        try:
-            return kind(value.lower())
-        except ValueError:
-            pass
+        members = _MEMBERS.get(kind)
+        if members is None:
+            members = _MEMBERS[kind] = {m.value: m for m in kind}
+        found = members.get(value)
+        if found is None:
+            found = members.get(value.lower())
+        if found is not None:
+            return found
     valid = ", ".join(m.value for m in kind)
     raise ValueError(f"{arg}: unknown {kind.__name__} {value!r}; valid: {valid}")
 
 
 def check_dim(value: Any, arg: str, *, minimum: int = 1) -> int:
+    if type(value) is int and value >= minimum:  # the usual case, answered first (a public op checks several)
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{arg} must be an int, got {type(value).__name__}")
     if value < minimum:

@@ -148,7 +148,9 @@ class ComputeBackend(PublicOps, ABC):
         return size
 
     def _need(self, handle: int, arg: str, elems: int, itemsize: int = F32) -> None:
-        size = self.nbytes(handle, arg)
+        size = self._sizes.get(handle) if type(handle) is int else None  # a live int handle: nbytes' answer, sooner
+        if size is None:
+            size = self.nbytes(handle, arg)
         if elems * itemsize > size:
             raise ValueError(f"{arg}: allocation of {size} bytes is smaller than the {elems * itemsize} bytes "
                              f"({elems} elements) this op needs")
@@ -221,6 +223,12 @@ class ComputeBackend(PublicOps, ABC):
         """Run what prepare() returned, as execute() would run the steps; `before` / `after`: steps of this run only
         (a plan's copies of device-array feeds in and of outputs out), run around it."""
         self.execute([*before, *prepared, *after] if before or after else prepared)
+
+    def replay_prepared(self, prepared: Any) -> None:
+        """execute_prepared (no `before` / `after`) for a form that already ran through it once without an error:
+        the public ops' cache hits (api_cache.py). A backend may skip checks there that a first run made for every
+        later one (wgpu: wgpu-py's error capture around each native call). Here, execute_prepared."""
+        self.execute_prepared(prepared)
 
     def release_prepared(self, prepared: Any) -> None:
         """Drop whatever a backend keeps with prepare()'s result (wgpu: a command buffer encoded ahead)."""

@@ -37,22 +37,28 @@ _NULL: Any = None
 _FFI: Any = None
 _LIBF: Any = None
 _MAP_CALLBACK: Any = None
+_LIB: Any = None
+_LIB_LOCK = threading.Lock()
 
 
 def _raw_lib() -> Any:
     """wgpu-native's cffi library object (private to wgpu-py 0.32, pinned for that reason)."""
-    global _NULL, _FFI, _LIBF, _MAP_CALLBACK
-    from wgpu.backends.wgpu_native import _api
+    global _NULL, _FFI, _LIBF, _MAP_CALLBACK, _LIB
+    if _LIB is not None:  # set once, below; a function-level import on every call costs ~1 µs
+        return _LIB
+    with _LIB_LOCK:  # one callback for all: a second made by a racing thread would free one still in use
+        if _LIB is None:
+            from wgpu.backends.wgpu_native import _api
 
-    if _MAP_CALLBACK is None:
-        _NULL, _FFI, _LIBF = _api.ffi.NULL, _api.ffi, _api.libf
+            _NULL, _FFI, _LIBF = _api.ffi.NULL, _api.ffi, _api.libf
 
-        @_api.ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
-        def map_done(status: int, message: Any, cell: Any, _unused: Any) -> None:
-            _FFI.cast("int *", cell)[0] = status
+            @_api.ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+            def map_done(status: int, message: Any, cell: Any, _unused: Any) -> None:
+                _FFI.cast("int *", cell)[0] = status
 
-        _MAP_CALLBACK = map_done  # module-level: a cffi callback must outlive every call into it
-    return _api.lib
+            _MAP_CALLBACK = map_done  # module-level: a cffi callback must outlive every call into it
+            _LIB = _api.lib
+    return _LIB
 
 
 def _give_back(total: list[int], size: int) -> None:
@@ -354,41 +360,8 @@ class WgpuBackend(ComputeBackend):
         self.queue.submit([encoder.finish()])
 
     def encode(self, encoder: Any, steps: list) -> None:
-        """Encode steps: consecutive dispatches share one compute pass; copies go between passes.
-
-        Dispatches go straight to wgpu-native's C functions: wgpu-py's wrappers build cffi arrays and check
-        arguments on every call (a cost per dispatch from Python, BENCHMARKS.md), and recorded steps were
-        validated once, when they were built. EMBER_WGPU_PY_ENCODE=1 takes the wrapper path instead.
-        """
-        raw = _raw_lib() if not settings.WGPU_PY_ENCODE.get() else None
-        cpass = None
-        praw = None
-        current = None
-        for st in steps:
-            if type(st) is Dispatch:
-                if cpass is None:
-                    cpass = encoder.begin_compute_pass()
-                    praw = cpass._internal
-                    current = None
-                if raw is not None:
-                    if st.pipeline is not current:
-                        raw.wgpuComputePassEncoderSetPipeline(praw, st.pipeline._internal)
-                        current = st.pipeline
-                    raw.wgpuComputePassEncoderSetBindGroup(praw, 0, st.bind_group._internal, 0, _NULL)
-                    raw.wgpuComputePassEncoderDispatchWorkgroups(praw, *st.grid)
-                    continue
-                if st.pipeline is not current:
-                    cpass.set_pipeline(st.pipeline)
-                    current = st.pipeline
-                cpass.set_bind_group(0, st.bind_group)
-                cpass.dispatch_workgroups(*st.grid)
-            else:
-                if cpass is not None:
-                    cpass.end()
-                    cpass = None
-                encoder.copy_buffer_to_buffer(st.src, st.src_offset, st.dst, st.dst_offset, st.size)
-        if cpass is not None:
-            cpass.end()
+        """Encode steps into a wgpu-py command encoder (encode.encode_steps)."""
+        encode.encode_steps(encoder, steps, not settings.WGPU_PY_ENCODE.get())
         self.dispatches += len(steps)
 
     def prepare(self, steps: list) -> Replay | list:
@@ -452,6 +425,17 @@ class WgpuBackend(ComputeBackend):
         self.dispatches += len(prepared.steps)
         if settings.ENCODE_AHEAD.get():
             prepared.ahead.append(self.encode_prepared(prepared))
+
+    def replay_prepared(self, prepared: Replay | list) -> None:
+        """execute_prepared for a form that ran through it once without an error (the public ops' cache hits): the
+        submit and the next command buffer's encoding without wgpu-py's error capture (encode.replay_checked_before
+        says why that is sound)."""
+        if type(prepared) is not Replay:
+            return self.execute(prepared)
+        encode.replay_checked_before(self.device, self.queue, prepared)
+        self.dispatches += len(prepared.steps)
+        if settings.ENCODE_AHEAD.get():
+            prepared.ahead.append(encode.encode_replay(self.device, prepared, checked=False))
 
     def release_prepared(self, prepared: Replay | list) -> None:
         """Drop a Replay's command buffer encoded ahead (before its buffers are freed)."""

@@ -4,14 +4,15 @@ the freed buffers a resident run's output copies reuse.
 A plan's steps are resolved once to native handles (`Replay`, program.py); each run encodes them here with no
 wgpu-py wrapper objects or descriptors, and a run's own copies (device-array feeds in, outputs out) get a command
 buffer of their own submitted with it. The caller submits and releases what these return. Validation errors of
-the recorded commands surface at pass end / finish, which go through wgpu-py's error-raising wrappers.
+the recorded commands surface at pass end / finish, which go through wgpu-py's error-raising wrappers (`libf`),
+except in `replay_checked_before` (a public op's replay, whose steps executed through them once): see there.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .program import Copy, Replay
+from .program import Copy, Dispatch, Replay
 
 _API: Any = None
 
@@ -26,9 +27,52 @@ def _api() -> Any:
     return _API
 
 
-def encode_replay(device: Any, replay: Replay) -> Any:
+def encode_steps(encoder: Any, steps: list, raw: bool) -> None:
+    """Encode recorded steps into a wgpu-py command encoder: consecutive dispatches share one compute pass; copies
+    go between passes.
+
+    `raw`: dispatches go straight to wgpu-native's C functions: wgpu-py's wrappers build cffi arrays and check
+    arguments on every call (a cost per dispatch from Python, BENCHMARKS.md), and recorded steps were validated
+    once, when they were built. EMBER_WGPU_PY_ENCODE=1 takes the wrapper path instead (raw=False).
+    """
+    lib = _api().lib if raw else None
+    null = _api().ffi.NULL
+    cpass = None
+    praw = None
+    current = None
+    for st in steps:
+        if type(st) is Dispatch:
+            if cpass is None:
+                cpass = encoder.begin_compute_pass()
+                praw = cpass._internal
+                current = None
+            if lib is not None:
+                if st.pipeline is not current:
+                    lib.wgpuComputePassEncoderSetPipeline(praw, st.pipeline._internal)
+                    current = st.pipeline
+                lib.wgpuComputePassEncoderSetBindGroup(praw, 0, st.bind_group._internal, 0, null)
+                lib.wgpuComputePassEncoderDispatchWorkgroups(praw, *st.grid)
+                continue
+            if st.pipeline is not current:
+                cpass.set_pipeline(st.pipeline)
+                current = st.pipeline
+            cpass.set_bind_group(0, st.bind_group)
+            cpass.dispatch_workgroups(*st.grid)
+        else:
+            if cpass is not None:
+                cpass.end()
+                cpass = None
+            encoder.copy_buffer_to_buffer(st.src, st.src_offset, st.dst, st.dst_offset, st.size)
+    if cpass is not None:
+        cpass.end()
+
+
+def encode_replay(device: Any, replay: Replay, checked: bool = True) -> Any:
+    """`replay` in a new raw command buffer; `checked`: pass end and finish through wgpu-py's wrappers, which
+    raise the validation errors wgpu-native reports there (else they are only logged: replay_checked_before)."""
     api = _api()
-    lib, libf, null = api.lib, api.libf, api.ffi.NULL
+    lib, null = api.lib, api.ffi.NULL
+    libf = api.libf if checked else lib
     set_pipeline, set_group, dispatch = (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
                                          lib.wgpuComputePassEncoderDispatchWorkgroups)
     encoder = lib.wgpuDeviceCreateCommandEncoder(device._internal, null)
@@ -51,6 +95,33 @@ def encode_replay(device: Any, replay: Replay) -> Any:
         return libf.wgpuCommandEncoderFinish(encoder, null)
     finally:
         lib.wgpuCommandEncoderRelease(encoder)
+
+
+def replay_checked_before(device: Any, queue: Any, replay: Replay) -> None:
+    """Submit `replay` as WgpuBackend.execute_prepared does, its submit a bare wgpu-native call: for a Replay that
+    already ran once through execute_prepared without an error (the public ops' cache hits, api_cache.py), whose
+    next command buffer the caller then encodes ahead with encode_replay(checked=False). wgpu-py's `libf` wrappers
+    capture errors around each call (~1 µs a call; three a run: pass end, finish, submit), which is what turns a
+    wgpu-native validation error into a Python exception; without them an error is only logged (by wgpu-py).
+
+    Why a replay may skip them: what pass end and finish validate is the commands and the static properties of
+    what they name (pipelines, bind groups and their layouts, buffer sizes and usages, copy ranges), and a replay
+    encodes the same commands over the same objects every time, so the checked first run validated them for all.
+    What submit checks beyond that is the state of the buffers: alive (the cache keeps an entry only while every
+    handle it binds is live, and free() drops entries before destroying a buffer) and unmapped (the public ops
+    bind only alloc()'s storage buffers, never mapped). What is left is the device being lost meanwhile: the
+    command buffer encoded now (none was encoded ahead: EMBER_ENCODE_AHEAD=0) goes through the checked calls, so
+    a lost device raises at finish as before; one encoded ahead unchecked goes to a submit that wgpu-native 0.32
+    aborts the process on after a loss, checked or not (as execute_prepared's does). Every later checked call
+    (synchronize, copy_dtoh, copy_htod, a call signature not cached) raises on a lost device too.
+    Plans (ember.plan) keep execute_prepared's checked calls on every run.
+    """
+    lib = _api().lib
+    cb = replay.ahead.pop() if replay.ahead else encode_replay(device, replay)
+    try:
+        lib.wgpuQueueSubmit(queue._internal, 1, [cb])  # cffi passes the list as a temporary C array
+    finally:
+        lib.wgpuCommandBufferRelease(cb)
 
 
 def encode_copies(device: Any, copies: list[Copy] | tuple[Copy, ...]) -> Any:
