@@ -21,6 +21,7 @@ import numpy as np
 from ..ir import Graph
 from ..ops import Tensor
 from .folding import FoldCache, fold
+from .host_fold import host_fold
 from .planner import F16, f16_copy
 from .tape import Refused, Tape
 from .template import Mismatch, Point, equal_leaves, own_point
@@ -153,6 +154,7 @@ class Template:
                 self.consts[i] = ("p", link)
                 wanted.add(link if isinstance(link, str) else link[0])
         self.program = self._program(tapes, wanted) if wanted else []
+        self._steps: list[tuple] | None = None  # the program, its inputs resolved (_compile)
 
     @property
     def degree(self) -> int:
@@ -244,30 +246,49 @@ class Template:
         return Point(leaves, results, io, consts, self.ask, self.moving)
 
     def _run_program(self, v: int) -> dict[str, np.ndarray]:
+        """The program's values at v. A move runs it every time: its steps' inputs are resolved once (a value
+        computed by an earlier step by name, an initializer or host value as a ready Tensor), and a fold that
+        host_fold takes skips the fold cache (its inputs move with v: the cache's key would be made for nothing)."""
+        if self._steps is None:
+            self._steps = self._compile()
         env: dict[str, np.ndarray] = {}
-
-        def value(name: str) -> Tensor | None:
-            if not name:
-                return None
-            arr = env.get(name)
-            if arr is None:
-                arr = self.graph.initializers.get(name)
-            if arr is None:
-                arr = self.host_values[name]
-            return Tensor(arr.dtype, arr.shape, value=arr)
-
-        for step in self.program:
+        folds = self.folds
+        for step in self._steps:
             if step[0] == "run":
-                for name, f in step[1].items():
+                for name, f in step[1]:
                     env[name] = np.asarray(at(f, v))
                 continue
-            _, node, op = step
-            ins = [value(n) for n in node.inputs]
-            outs = self.folds.fold(node, op, ins) if self.folds is not None else fold(op, ins)
+            _, node, op, getters = step
+            ins = [g if type(g) is not str else _tensor(env[g]) for g in getters]
+            outs = host_fold(op, ins)
+            if outs is None:
+                outs = folds.fold(node, op, ins) if folds is not None else fold(op, ins)
             for name, t in zip(node.outputs, outs, strict=False):
                 if name and t is not None:
                     env[name] = np.asarray(t.value)
         return env
+
+    def _compile(self) -> list[tuple]:
+        made: set[str] = set()
+        steps: list[tuple] = []
+        for step in self.program:
+            if step[0] == "run":
+                steps.append(("run", list(step[1].items())))
+                made.update(step[1])
+                continue
+            _, node, op = step
+            getters: list[Any] = []
+            for name in node.inputs:
+                if not name:
+                    getters.append(None)
+                elif name in made:
+                    getters.append(name)
+                else:
+                    arr = self.graph.initializers.get(name)
+                    getters.append(_tensor(arr if arr is not None else self.host_values[name]))
+            steps.append(("fold", node, op, getters))
+            made.update(n for n in node.outputs if n)
+        return steps
 
     def verify(self, tape: Tape, shapes: Shapes, pool: WeightPool) -> bool:
         """Whether another build, `tape` at `shapes`, is what the template says it is, number for number."""
@@ -283,6 +304,10 @@ class Template:
                 and all(equal_leaves(x, y) for x, y in zip(p.results, own.results, strict=True))
                 and equal_leaves(p.io, own.io)
                 and all(p.consts[i][0] == own.consts[i][0] for i in p.consts))
+
+
+def _tensor(arr: np.ndarray) -> Tensor:
+    return Tensor(arr.dtype, arr.shape, value=arr)
 
 
 class Numbers:

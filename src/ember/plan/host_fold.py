@@ -9,6 +9,7 @@ runs as usual, so its errors and its semantics stay the only ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -132,7 +133,18 @@ def _concat(op: Op, values: list[np.ndarray]) -> np.ndarray | None:
         return None
 
 
+def _range(op: Op, values: list[np.ndarray]) -> np.ndarray | None:
+    if len(values) != 3 or any(v.size != 1 for v in values) or not _same(values):
+        return None
+    s, lim, d = (v.item() for v in values)
+    if d == 0:
+        return None  # the op's error
+    n = max(int(math.ceil((lim - s) / d)), 0)
+    return (s + np.arange(n) * d).astype(values[0].dtype)  # ops/constant.py's Range, number for number
+
+
 _CASES: dict[str, Callable[[Op, list[np.ndarray]], np.ndarray | None]] = {
     **dict.fromkeys(_ARITH, _arith), **dict.fromkeys(_COMPARE, _compare), **dict.fromkeys(_LOGIC, _logic),
     "Not": _not, "Cast": _cast, "Where": _where, "Unsqueeze": _unsqueeze, "Gather": _gather, "Concat": _concat,
+    "Range": _range,
 }

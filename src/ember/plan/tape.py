@@ -91,8 +91,85 @@ class Encoder:
         raise Refused(f"cannot tape a {type(v).__name__} argument")
 
 
+_Part = Callable[[Any, Callable, Callable, list], Any]  # (leaves iterator, handles, fns, memo) -> value
+_COMPILED: dict[int, tuple[Any, _Part | None, int]] = {}  # id(skeleton) -> (the skeleton, kept alive; fn; slots)
+_COMPILED_MAX = 8192
+
+
 def decode(skel: Any, leaves: list[Any], handles: Callable[[Ref], Any], fns: Callable[[Ref], Any]) -> Any:
-    """The value `skel` stands for, its leaves taken in order from `leaves` (consumed)."""
+    """The value `skel` stands for, its leaves taken in order from `leaves` (consumed). A skeleton decoded a
+    second time (a live plan's io and questions, decoded on every move) is compiled into closures first."""
+    known = _COMPILED.get(id(skel))
+    if known is not None and known[0] is skel:
+        fn, slots = known[1], known[2]
+        if fn is None:
+            fn, slots = _compile(skel)
+            _COMPILED[id(skel)] = (skel, fn, slots)
+        return fn(iter(leaves), handles, fns, [None] * slots)
+    if len(_COMPILED) >= _COMPILED_MAX:
+        _COMPILED.clear()
+    _COMPILED[id(skel)] = (skel, None, 0)
+    return _walk(skel, leaves, handles, fns)
+
+
+def _compile(skel: Any) -> tuple[_Part, int]:
+    """_walk as one closure per skeleton node (no tag tests at decode time); dataclass memo slots numbered in
+    the order _walk fills them (pre-order), leaves consumed in the same order."""
+    slots = [0]
+
+    def comp(s: Any) -> _Part:
+        tag = s[0]
+        if tag in ("c", "t"):
+            val = s[1]
+            return lambda it, h, f, m: val
+        if tag == "dt":
+            dt = np.dtype(s[1])
+            return lambda it, h, f, m: dt
+        if tag == "$":
+            return lambda it, h, f, m: next(it)
+        if tag == "view":
+            ref, dt = s[1], np.dtype(s[2])
+            shape, strides, offset = comp(s[3]), comp(s[4]), comp(s[5])
+            return lambda it, h, f, m: View(h(ref), dt, shape(it, h, f, m), strides(it, h, f, m), offset(it, h, f, m))
+        if tag in ("list", "tuple"):
+            n = len(s[1])
+            if all(x[0] == "$" for x in s[1]):  # only leaves: taken at once
+                if tag == "list":
+                    return lambda it, h, f, m: [next(it) for _ in range(n)]
+                return lambda it, h, f, m: tuple([next(it) for _ in range(n)])
+            items = [comp(x) for x in s[1]]
+            if tag == "list":
+                return lambda it, h, f, m: [g(it, h, f, m) for g in items]
+            return lambda it, h, f, m: tuple([g(it, h, f, m) for g in items])
+        if tag == "dict":
+            pairs = [(k, comp(x)) for k, x in s[1]]
+            return lambda it, h, f, m: {k: g(it, h, f, m) for k, g in pairs}
+        if tag == "memo":
+            i = s[1]
+            return lambda it, h, f, m: m[i]
+        if tag == "dc":
+            slot = slots[0]
+            slots[0] += 1
+            cls, parts = s[1], [comp(x) for x in s[2]]
+
+            def dc(it: Any, h: Callable, f: Callable, m: list) -> Any:
+                value = cls(*[g(it, h, f, m) for g in parts])
+                m[slot] = value
+                return value
+            return dc
+        if tag == "fn":
+            ref = s[1]
+            return lambda it, h, f, m: f(ref)
+        if tag == "h":
+            ref = s[1]
+            return lambda it, h, f, m: h(ref)
+        raise AssertionError(tag)
+
+    fn = comp(skel)
+    return fn, slots[0]
+
+
+def _walk(skel: Any, leaves: list[Any], handles: Callable[[Ref], Any], fns: Callable[[Ref], Any]) -> Any:
     it = iter(leaves)
     memo: list[Any] = []
 
@@ -133,7 +210,15 @@ def decode(skel: Any, leaves: list[Any], handles: Callable[[Ref], Any], fns: Cal
 def decode_call(skel: Any, leaves: list[Any], handles: Callable[[Ref], Any],
                 fns: Callable[[Ref], Any]) -> tuple[tuple, dict]:
     """(args, kwargs) of a call a Tape.encode skeleton stands for."""
-    return decode(("tuple", (("tuple", skel[0]), ("dict", skel[1]))), leaves, handles, fns)
+    known = _CALLS.get(id(skel))
+    if known is None or known[0] is not skel:
+        if len(_CALLS) >= _COMPILED_MAX:
+            _CALLS.clear()
+        known = _CALLS[id(skel)] = (skel, ("tuple", (("tuple", skel[0]), ("dict", skel[1]))))
+    return decode(known[1], leaves, handles, fns)
+
+
+_CALLS: dict[int, tuple[Any, Any]] = {}  # id(call skeleton) -> (it, kept alive; its (args, kwargs) skeleton)
 
 
 @dataclasses.dataclass

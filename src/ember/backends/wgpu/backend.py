@@ -156,9 +156,10 @@ class WgpuBackend(ComputeBackend):
         buf.destroy()
 
     def _device_alloc_recycled(self, handle: int, nbytes: int) -> None:
-        buf = self._spare.take(-(-nbytes // BUFFER_ALIGN) * BUFFER_ALIGN)
+        size = encode.size_class(-(-nbytes // BUFFER_ALIGN) * BUFFER_ALIGN)
+        buf = self._spare.take(size)
         if buf is None:
-            self._device_alloc(handle, nbytes)
+            self._device_alloc(handle, size)
         else:
             self._bufs[handle] = buf
         self._recycled.add(handle)

@@ -138,6 +138,14 @@ def encode_copies(device: Any, copies: list[Copy] | tuple[Copy, ...]) -> Any:
         lib.wgpuCommandEncoderRelease(encoder)
 
 
+def size_class(nbytes: int) -> int:
+    """The size a recycled buffer of `nbytes` is made with: rounded up to 1/8 of its power of two (at most 12.5 %
+    more), so that a tensor growing a little per run (a decode step's KV outputs, one position longer each step)
+    finds the buffer a run before freed. Idempotent: a class's size is its own class."""
+    step = max(1 << max(nbytes.bit_length() - 4, 0), 16)
+    return -(-nbytes // step) * step
+
+
 class SpareBuffers:
     """Freed buffers kept for alloc(overwritten=True): a resident run's output copies (a decode step makes one per KV
     tensor) reuse them, since creating a buffer costs more than the copy into it. Small ones only, up to `limit`
