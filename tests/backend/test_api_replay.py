@@ -274,3 +274,35 @@ def test_same_call_from_several_threads(be: ember.ComputeBackend, rng: np.random
     finally:
         be.free(x)
         be.free(shared)
+
+
+def test_small_replays_wait_for_one_submit_and_keep_queue_order() -> None:
+    """wgpu holds small public-op replays back for one submit (encode.Pending); every write, read, free and model
+    run reaches the queue after them, so results are those of the calls in the order they were made."""
+    if "wgpu" not in ember.available_backends():
+        pytest.skip("no wgpu adapter")
+    be = ember.backend("wgpu")
+    n = 1024
+    a, b, c = (be.alloc(n * 4) for _ in range(3))
+    rng = np.random.default_rng(7)
+    waited = 0
+    for it in range(40):
+        x = rng.standard_normal(n).astype(np.float32)
+        be.copy_htod(a, x)
+        be.unary("relu", a, b, n)
+        be.binary("add", b, a, c, n)
+        be.unary("neg", c, b, n)  # b = -(relu(x) + x), read before the next write of a
+        waited = max(waited, len(be._pending.cbs))
+        be.copy_htod(a, np.zeros(n, np.float32))
+        got = np.empty(n, np.float32)
+        be.copy_dtoh(got, b)
+        np.testing.assert_array_equal(got, -(np.maximum(x, 0) + x), err_msg=f"round {it}")
+        if it % 10 == 9:  # a buffer freed right after calls that bind it: they run before it goes
+            t = be.alloc(n * 4)
+            be.unary("relu", a, t, n)
+            be.binary("add", a, t, c, n)
+            be.free(t)
+            be.synchronize()
+    assert waited >= 1, "no replay waited for a shared submit"
+    for h in (a, b, c):
+        be.free(h)

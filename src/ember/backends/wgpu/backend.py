@@ -75,6 +75,7 @@ class WgpuBackend(ComputeBackend):
         self._power = power_preference
         self._bufs: dict[int, Any] = {}
         self._spare = encode.SpareBuffers()  # freed buffers kept for alloc(overwritten=True)
+        self._pending = encode.Pending()  # small public-op replays waiting for one submit (flush() first)
         self._recycled: set[int] = set()  # live handles whose buffers go back to _spare when freed
         # Least recently used first; bounded by settings.PIPELINE_CACHE. Shaders are specialised per shape, so a model
         # fed many shapes would otherwise keep every compiled pipeline for the life of the process. A plan's steps
@@ -148,7 +149,13 @@ class WgpuBackend(ComputeBackend):
                 raise OutOfMemoryError(f"wgpu: out of device memory allocating {nbytes} bytes: {e}") from e
         self._bufs[handle] = buf
 
+    def flush(self) -> None:
+        """Submit the public-op replays waiting in _pending: before anything else touches the queue or a buffer."""
+        if self._pending.cbs:
+            self._pending.flush(self.queue)
+
     def _device_free(self, handle: int) -> None:
+        self.flush()
         buf = self._bufs.pop(handle)
         if handle in self._recycled:  # an output copy's buffer: kept for the next run's
             self._recycled.discard(handle)
@@ -165,6 +172,7 @@ class WgpuBackend(ComputeBackend):
         self._recycled.add(handle)
 
     def _device_write(self, handle: int, offset: int, data: memoryview) -> None:
+        self.flush()
         n = data.nbytes
         if n % 4:
             # write_buffer sizes must be multiples of 4: merge the last partial word with what is there.
@@ -178,6 +186,7 @@ class WgpuBackend(ComputeBackend):
             self.queue.write_buffer(self._bufs[handle], offset, data)
 
     def _device_read(self, handle: int, offset: int, nbytes: int) -> memoryview:
+        self.flush()
         size = -(-nbytes // 4) * 4
         if settings.WGPU_PY_ENCODE.get() or not size:
             return memoryview(self.queue.read_buffer(self._bufs[handle], offset, size)).cast("B")[:nbytes]
@@ -188,6 +197,7 @@ class WgpuBackend(ComputeBackend):
             staging.destroy()
 
     def _device_synchronize(self) -> None:
+        self.flush()
         # queue.on_submitted_work_done_async is broken in wgpu-py 0.32 (callback signature mismatch);
         # mapping a buffer for reading completes only after all submitted work, so read 4 bytes.
         if settings.WGPU_PY_ENCODE.get():
@@ -356,6 +366,7 @@ class WgpuBackend(ComputeBackend):
     def execute(self, steps: list) -> None:
         if not steps:
             return
+        self.flush()
         encoder = self.device.create_command_encoder()
         self.encode(encoder, steps)
         self.queue.submit([encoder.finish()])
@@ -400,6 +411,7 @@ class WgpuBackend(ComputeBackend):
         if type(prepared) is not Replay:
             self.execute([*before, *prepared, *after])
             return
+        self.flush()
         extra = before or after
         if extra and not all(type(st) is Copy for st in (*before, *after)):
             self.execute([*before, *prepared.steps, *after])
@@ -433,7 +445,7 @@ class WgpuBackend(ComputeBackend):
         says why that is sound)."""
         if type(prepared) is not Replay:
             return self.execute(prepared)
-        encode.replay_checked_before(self.device, self.queue, prepared)
+        encode.replay_checked_before(self.device, self.queue, prepared, self._pending)
         self.dispatches += len(prepared.steps)
         if settings.ENCODE_AHEAD.get():
             prepared.ahead.append(encode.encode_replay(self.device, prepared, checked=False))
@@ -462,6 +474,8 @@ class WgpuBackend(ComputeBackend):
             np.dtype(dtype)
 
         def write_input(array: np.ndarray) -> None:
+            if self._pending.cbs:  # queue order: what the public ops left waiting goes first
+                self.flush()
             n = array.nbytes
             if array.dtype == dtype and array.flags.c_contiguous and n % 4 == 0 and n:
                 write(queue, target._internal, 0, _FFI.from_buffer(array), n)

@@ -10,6 +10,7 @@ except in `replay_checked_before` (a public op's replay, whose steps executed th
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from .program import Copy, Dispatch, Replay
@@ -97,7 +98,7 @@ def encode_replay(device: Any, replay: Replay, checked: bool = True) -> Any:
         lib.wgpuCommandEncoderRelease(encoder)
 
 
-def replay_checked_before(device: Any, queue: Any, replay: Replay) -> None:
+def replay_checked_before(device: Any, queue: Any, replay: Replay, pending: Pending | None = None) -> None:
     """Submit `replay` as WgpuBackend.execute_prepared does, its submit a bare wgpu-native call: for a Replay that
     already ran once through execute_prepared without an error (the public ops' cache hits, api_cache.py), whose
     next command buffer the caller then encodes ahead with encode_replay(checked=False). wgpu-py's `libf` wrappers
@@ -114,14 +115,65 @@ def replay_checked_before(device: Any, queue: Any, replay: Replay) -> None:
     a lost device raises at finish as before; one encoded ahead unchecked goes to a submit that wgpu-native 0.32
     aborts the process on after a loss, checked or not (as execute_prepared's does). Every later checked call
     (synchronize, copy_dtoh, copy_htod, a call signature not cached) raises on a lost device too.
-    Plans (ember.plan) keep execute_prepared's checked calls on every run.
+    Plans (ember.plan) keep execute_prepared's checked calls on every run. With `pending`, a small replay's
+    command buffer waits there for the next flush (Pending), a bigger one is submitted after what waits.
     """
     lib = _api().lib
     cb = replay.ahead.pop() if replay.ahead else encode_replay(device, replay)
+    if pending is not None and Pending.small(replay):
+        pending.add(queue, cb)
+        return
+    if pending is not None:
+        pending.flush(queue)
     try:
         lib.wgpuQueueSubmit(queue._internal, 1, [cb])  # cffi passes the list as a temporary C array
     finally:
         lib.wgpuCommandBufferRelease(cb)
+
+
+class Pending:
+    """Command buffers of small public-op replays not submitted yet: up to `limit` go to the queue in one submit
+    (a submit costs more than encoding a small call). The backend flushes them before anything else reaches the
+    queue or its buffers (a write, a read, a synchronize, a free, a plan's or a first call's submit), so the
+    queue runs everything in the order it was asked for; a call with more than SMALL_WORKGROUPS workgroups is
+    never held back, so a big kernel starts at once."""
+
+    SMALL_WORKGROUPS = 4096
+
+    def __init__(self, limit: int = 8) -> None:
+        self.limit = limit
+        self.cbs: list[Any] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def small(cls, replay: Replay) -> bool:
+        total = 0
+        for seg in replay.segments:
+            if type(seg) is not tuple:
+                for d in seg:
+                    total += d[2] * d[3] * d[4]
+        return total <= cls.SMALL_WORKGROUPS
+
+    def add(self, queue: Any, cb: Any) -> None:
+        with self._lock:
+            self.cbs.append(cb)
+            if len(self.cbs) >= self.limit:
+                self._submit(queue)
+
+    def flush(self, queue: Any) -> None:
+        with self._lock:  # held through the submit: a second thread's flush cannot overtake this one's buffers
+            self._submit(queue)
+
+    def _submit(self, queue: Any) -> None:
+        cbs, self.cbs = self.cbs, []
+        if not cbs:
+            return
+        lib = _api().lib
+        try:  # bare, as replay_checked_before's: each of these ran once through the checked calls
+            lib.wgpuQueueSubmit(queue._internal, len(cbs), cbs)
+        finally:
+            for cb in cbs:
+                lib.wgpuCommandBufferRelease(cb)
 
 
 def encode_copies(device: Any, copies: list[Copy] | tuple[Copy, ...]) -> Any:

@@ -82,6 +82,7 @@ def stamped_ms(be: Any, steps: list) -> float:
         be.encode(encoder, steps)
         encoder.begin_compute_pass(timestamp_writes={"query_set": qs, "end_of_pass_write_index": 1}).end()
         encoder.resolve_query_set(qs, 0, 2, resolve, 0)
+        be.flush()
         be.queue.submit([encoder.finish()])
         t0, t1 = np.frombuffer(be.queue.read_buffer(resolve), np.uint64).astype(np.float64)
         return max(0.0, (t1 - t0) * _api.lib.wgpuQueueGetTimestampPeriod(be.queue._internal) / 1e6)
