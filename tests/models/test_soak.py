@@ -54,7 +54,7 @@ SOAK = textwrap.dedent("""
 
 
 def test_soak_alternating_shapes_keeps_memory_flat(backend_name: str) -> None:
-    """10k runs (2k on the software GPU) over four batch sizes, all four plans cached: after the first thousand,
+    """10k runs (2k on the software GPU) over four batch sizes, all four plans held: after the first thousand,
     Python's heap grows by less than 64 KiB, RSS by less than 2 MB and the backend's bytes not at all. The runs
     go in a fresh process: in the suite's own (1.6 GB after the model tests) the allocator's arenas move RSS by
     a few MB whatever the code under test does."""
@@ -68,7 +68,8 @@ def test_soak_alternating_shapes_keeps_memory_flat(backend_name: str) -> None:
     assert py1 - py0 < 64 * 1024, f"Python's heap grew {py1 - py0} bytes over {runs - 1000} runs"
     assert rss1 - rss0 < 2, f"RSS grew {rss1 - rss0:.1f} MB over {runs - 1000} runs"
     assert dev1 == dev0
-    assert out["plans"] == 4 and out["builds"] == 4 and out["evictions"] == 0
+    # Four shapes, four plans: three built, the fourth (the trace that verified their template) its live plan.
+    assert out["plans"] == 4 and out["builds"] == 3 and out["evictions"] == 0
 
 
 def test_threads_run_different_models_at_once(backend_name: str) -> None:

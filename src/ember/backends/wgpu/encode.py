@@ -138,7 +138,7 @@ class Pending:
     queue runs everything in the order it was asked for; a call with more than SMALL_WORKGROUPS workgroups is
     never held back, so a big kernel starts at once."""
 
-    SMALL_WORKGROUPS = 4096
+    SMALL_WORKGROUPS = 64
 
     def __init__(self, limit: int = 8) -> None:
         self.limit = limit
