@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (registration)
     deform_conv,
     elementwise,
     gather,
+    gather_quantized,
     gqa,
     grid_sample,
     host,
