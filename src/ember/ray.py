@@ -67,6 +67,17 @@ def pick_adapter(gpu_ids: Sequence[Any], names: Sequence[str], actor_index: Any)
     return int(actor_index()) % len(names)
 
 
+def _load_here(model: Any, backend: str, load_options: dict[str, Any]) -> tuple[Model, Any]:
+    """The model loaded in this actor or replica, and its wgpu adapter: the one of the GPU Ray gave it (or the
+    adapters in turn), unless load_options name `adapter`."""
+    name = backend_name(backend)
+    if name == "wgpu" and load_options.get("adapter") is None:
+        import ray
+
+        load_options["adapter"] = pick_adapter(ray.get_gpu_ids(), adapters(), _actor_index)
+    return load_onnx(model, backend=name, **load_options), load_options.get("adapter")
+
+
 def _actor_index() -> int:
     """0, 1, 2, ... for the actors that ask, from a named counter actor shared by the job; an actor-id hash where
     the counter cannot be made."""
@@ -126,12 +137,8 @@ class OnnxPredictor:
 
     def __init__(self, model: Any, backend: str = "auto", input_columns: Any = None, output_columns: Any = None,
                  passthrough: Sequence[str] = (), **load_options: Any) -> None:
-        ray = require_ray()
-        name = backend_name(backend)
-        if name == "wgpu" and load_options.get("adapter") is None:
-            load_options["adapter"] = pick_adapter(ray.get_gpu_ids(), adapters(), _actor_index)
-        self.model: Model = load_onnx(model, backend=name, **load_options)
-        self.adapter = load_options.get("adapter")
+        require_ray()
+        self.model, self.adapter = _load_here(model, backend, load_options)
         self._inputs = _columns(input_columns, [i.name for i in self.model.inputs], "input")
         self._outputs = _columns(output_columns, [o.name for o in self.model.outputs], "output")
         self._passthrough = list(passthrough)
@@ -236,13 +243,7 @@ class OnnxDeployment:
                  batch_wait_timeout_s: float = DEFAULT_BATCH_WAIT_S, pad_batches: bool = True,
                  **load_options: Any) -> None:
         serve = require_serve()
-        name = backend_name(backend)
-        if name == "wgpu" and load_options.get("adapter") is None:
-            import ray
-
-            load_options["adapter"] = pick_adapter(ray.get_gpu_ids(), adapters(), _actor_index)
-        self.model: Model = load_onnx(model, backend=name, **load_options)
-        self.adapter = load_options.get("adapter")
+        self.model, self.adapter = _load_here(model, backend, load_options)
         self._pad = pad_batches
         infos = self.model.inputs
         # Sample vs batch needs every input's rank; concatenation a batch dim that is not fixed.

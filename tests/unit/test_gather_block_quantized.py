@@ -12,25 +12,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ember
 
+from .test_matmul_nbits import pack  # codes into bytes, low bits first: MatMulNBits' packing
+
 ort = pytest.importorskip("onnxruntime")
 
 MS = "com.microsoft"
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
 ELEM = {"uint8": TensorProto.UINT8, "int4": TensorProto.INT4, "uint4": TensorProto.UINT4}
 FLOAT = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
-
-
-def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 codes along the last axis into bytes, low bits first (the last byte zero-padded)."""
-    per = 8 // bits
-    length = codes.shape[-1]
-    padded = np.zeros((*codes.shape[:-1], -(-length // per) * per), np.uint32)
-    padded[..., :length] = codes
-    grouped = padded.reshape(*codes.shape[:-1], -1, per)
-    out = np.zeros(grouped.shape[:-1], np.uint32)
-    for i in range(per):
-        out |= grouped[..., i] << (bits * i)
-    return out.astype(np.uint8)
 
 
 def expand(per_block: np.ndarray, axis: int, block: int, length: int) -> np.ndarray:

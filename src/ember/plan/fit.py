@@ -154,7 +154,7 @@ class Template:
                 self.consts[i] = ("p", link)
                 wanted.add(link if isinstance(link, str) else link[0])
         self.program = self._program(tapes, wanted) if wanted else []
-        self._steps: list[tuple] | None = None  # the program, its inputs resolved (_compile)
+        self._steps = self._compile()  # the program, its inputs resolved
 
     @property
     def degree(self) -> int:
@@ -249,8 +249,6 @@ class Template:
         """The program's values at v. A move runs it every time: its steps' inputs are resolved once (a value
         computed by an earlier step by name, an initializer or host value as a ready Tensor), and a fold that
         host_fold takes skips the fold cache (its inputs move with v: the cache's key would be made for nothing)."""
-        if self._steps is None:
-            self._steps = self._compile()
         env: dict[str, np.ndarray] = {}
         folds = self.folds
         for step in self._steps:

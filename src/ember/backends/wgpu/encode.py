@@ -98,7 +98,7 @@ def encode_replay(device: Any, replay: Replay, checked: bool = True) -> Any:
         lib.wgpuCommandEncoderRelease(encoder)
 
 
-def replay_checked_before(device: Any, queue: Any, replay: Replay, pending: Pending | None = None) -> None:
+def replay_checked_before(device: Any, queue: Any, replay: Replay, pending: Pending) -> None:
     """Submit `replay` as WgpuBackend.execute_prepared does, its submit a bare wgpu-native call: for a Replay that
     already ran once through execute_prepared without an error (the public ops' cache hits, api_cache.py), whose
     next command buffer the caller then encodes ahead with encode_replay(checked=False). wgpu-py's `libf` wrappers
@@ -115,16 +115,15 @@ def replay_checked_before(device: Any, queue: Any, replay: Replay, pending: Pend
     a lost device raises at finish as before; one encoded ahead unchecked goes to a submit that wgpu-native 0.32
     aborts the process on after a loss, checked or not (as execute_prepared's does). Every later checked call
     (synchronize, copy_dtoh, copy_htod, a call signature not cached) raises on a lost device too.
-    Plans (ember.plan) keep execute_prepared's checked calls on every run. With `pending`, a small replay's
-    command buffer waits there for the next flush (Pending), a bigger one is submitted after what waits.
+    Plans (ember.plan) keep execute_prepared's checked calls on every run. A small replay's command buffer
+    waits in `pending` for the next flush (Pending); a bigger one is submitted after what waits there.
     """
     lib = _api().lib
     cb = replay.ahead.pop() if replay.ahead else encode_replay(device, replay)
-    if pending is not None and Pending.small(replay):
+    if Pending.small(replay):
         pending.add(queue, cb)
         return
-    if pending is not None:
-        pending.flush(queue)
+    pending.flush(queue)
     try:
         lib.wgpuQueueSubmit(queue._internal, 1, [cb])  # cffi passes the list as a temporary C array
     finally:
