@@ -62,6 +62,11 @@ class ComputeBackend(PublicOps, ABC):
         does no harm (the invocations past the count return)."""
         return None
 
+    def declines(self, method: str, args: tuple, kwargs: dict) -> str | None:
+        """Why the record call `method(*args, **kwargs)` would raise NotImplementedError (the backend leaves the work
+        to the op's decomposition), or None. A traced build asks before taping a record call it does not make."""
+        return None
+
     def sizes_writer(self, steps: list, grids: list[tuple[int, int, int]]) -> tuple[list, Callable[[list], None]]:
         """(`steps`, recorded with runtime sizes, with these grids; a function writing new uniform values into them)."""
         raise NotImplementedError(f"{self.name} backend: no runtime sizes")

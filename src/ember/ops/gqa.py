@@ -18,12 +18,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..core.expr import call, const, coord, inp, load
+from ..core.expr import call, const, coord, load
 from ..ir import Node
 from .attention_onnx import Attention, split_heads
 from .base import Context, Op, Tensor, host_ints, register
 from .contrib import MS, RotaryEmbedding
-from .elementwise import emit
 from .exprs import kernel
 from .shape import reshape_view, slice_view
 
@@ -134,13 +133,10 @@ class GroupQueryAttention(Op):
 
     def _positions(self, ctx: Context, seqlens: Tensor, b: int, s: int, past: int) -> Tensor:
         """Each new token's position: 0.. on the first prompt (no past), else after the batch entry's valid past
-        (seqlens_k + 1 - S + i)."""
-        i = np.arange(s, dtype=np.int64).reshape(1, s)
-        if past == 0:
-            return ctx.const(np.broadcast_to(i, (b, s)).copy())
-        sk = reshape_view(ctx, seqlens, (b, 1))
-        return emit(ctx, self, call("add", call("add", inp(0, INT), const(1 - s, INT)), inp(1, INT)),
-                    [sk, ctx.const(i)], np.dtype(np.int64))
+        (seqlens_k + 1 - S + i). From coordinates, not constants, so a template's plans share the kernel."""
+        i = coord(1)
+        expr = i if past == 0 else call("add", call("add", load(0, coord(0), kind=INT), const(1 - s, INT)), i)
+        return kernel(ctx, expr, [seqlens], np.dtype(np.int64), (b, s))
 
     def _rotate(self, ctx: Context, x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, heads: int) -> Tensor:
         node = Node("RotaryEmbedding", MS, ["x", "pos", "cos", "sin"], ["y"],
@@ -151,14 +147,13 @@ class GroupQueryAttention(Op):
     def _mask(self, ctx: Context, seqlens: Tensor, b: int, s: int, total: int, past: int, dt: np.dtype) -> Tensor:
         """0 where query i of batch entry n may see key j, -inf elsewhere: j at or before the query's position
         (causal, by the entry's own length) and within the entry's valid keys (j <= seqlens_k), and within the
-        last local_window_size keys when a window is set."""
-        j = ctx.const(np.arange(total, dtype=np.int64).reshape(1, 1, 1, total))
-        i = ctx.const(np.arange(s, dtype=np.int64).reshape(1, 1, s, 1))
-        sk = reshape_view(ctx, seqlens, (b, 1, 1, 1))
+        last local_window_size keys when a window is set. (b, 1, S, total), from coordinates."""
+        n, i, j = coord(0), coord(2), coord(3)
+        sk = load(0, n, kind=INT)
         # The query's position: i on the first prompt, seqlens_k + 1 - S + i after a past.
-        qpos = inp(1, INT) if past == 0 else call("add", call("add", inp(2, INT), const(1 - s, INT)), inp(1, INT))
-        allowed = call("and", call("le", inp(0, INT), qpos), call("le", inp(0, INT), inp(2, INT)))
+        qpos = i if past == 0 else call("add", call("add", sk, const(1 - s, INT)), i)
+        allowed = call("and", call("le", j, qpos), call("le", j, sk))
         window = int(self.attr["local_window_size"])
         if window > 0:
-            allowed = call("and", allowed, call("gt", inp(0, INT), call("sub", qpos, const(window, INT))))
-        return emit(ctx, self, call("where", allowed, const(0.0), const(-math.inf)), [j, i, sk], dt)
+            allowed = call("and", allowed, call("gt", j, call("sub", qpos, const(window, INT))))
+        return kernel(ctx, call("where", allowed, const(0.0), const(-math.inf)), [seqlens], dt, (b, 1, s, total))

@@ -339,6 +339,9 @@ class TapeBackend:
 
     def _call(self, receiver: Ref | None, target: Callable, name: str, args: tuple, kwargs: dict) -> Any:
         tape = self._tape
+        why = self._be.declines(name, args, kwargs) if receiver is None and name.startswith("record") else None
+        if why is not None:
+            raise NotImplementedError(why)
         skeleton, leaves = tape.encode(name, args, kwargs)
         index = len(tape.entries)
         if name.startswith("record"):

@@ -217,6 +217,14 @@ class CpuBackend(ComputeBackend):
                                                 self._array_or_none(bias), self._array_or_none(g_idx),
                                                 self._dequantized, key)
 
+    def declines(self, method: str, args: tuple, kwargs: dict) -> str | None:
+        where = _FUSED_INPUT.get(method)
+        if where is None:
+            return None
+        name, pos = where
+        x = kwargs.get(name, args[pos] if len(args) > pos else None)
+        return None if x is None or x.dtype == np.float32 else _fused_reason(x, method)
+
     # ---- loop primitives ----------------------------------------------------------------------------
     def record_scan(self, op: str, x: View, out: View, axis: int, exclusive: bool, reverse: bool) -> list[Step]:
         return loops.record_scan(op, self.array(x), self.array(out), axis, exclusive, reverse)
@@ -228,8 +236,16 @@ class CpuBackend(ComputeBackend):
         return loops.record_scatter(self.array(out), self.array(offsets), self.array(updates), reduction)
 
 
+# The fused calls' data input (keyword, position), whose dtype decides whether the call is taken.
+_FUSED_INPUT = {"record_norm": ("x", 1), "record_softmax": ("x", 0), "record_attention_views": ("q", 0)}
+
+
+def _fused_reason(x: View, what: str) -> str:
+    return f"cpu fused {what}: float32 only (float16 runs decomposed), got {x.dtype}"
+
+
 def _fused_float32(x: View, what: str) -> None:
     """The fused row and attention steps compute float32; float16 stays with the ops' decomposition, per op in
     numpy's float16 as ONNX's reference computes it."""
     if x.dtype != np.float32:
-        raise NotImplementedError(f"cpu fused {what}: float32 only (float16 runs decomposed), got {x.dtype}")
+        raise NotImplementedError(_fused_reason(x, what))
