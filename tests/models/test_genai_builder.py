@@ -14,10 +14,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +23,13 @@ import pytest
 import ember
 from ember.cli import main as cli_main
 
+from . import genai
 from .zoo import CACHE_DIR
 
-og = pytest.importorskip("onnxruntime_genai")
+pytest.importorskip("onnxruntime_genai")
 ort = pytest.importorskip("onnxruntime")
 transformers = pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("tokenizers")
 
 VOCAB = 256
 SMALL = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -52,71 +49,36 @@ NEW_TOKENS = 12
 
 
 def _key() -> str:
-    h = hashlib.sha256(Path(__file__).read_bytes())
+    h = hashlib.sha256(Path(__file__).read_bytes() + Path(genai.__file__).read_bytes())
     for dist in ("onnxruntime-genai", "onnxruntime", "transformers", "torch", "onnx"):
         h.update(f"{dist}={importlib.metadata.version(dist)};".encode())
     return h.hexdigest()[:10]
 
 
 def _hf_folder(arch: str, root: Path) -> Path:
-    """A random-weight `transformers` model and a word-level tokenizer ("t0" .. "t255"), saved as a HF folder."""
     import torch
 
     out = root / f"hf-{arch}"
-    if (out / "tokenizer.json").exists():
-        return out
-    torch.manual_seed(0)
-    cfg = getattr(transformers, ARCHS[arch])(**SMALL, bos_token_id=1, eos_token_id=2)
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
-    vocab = {f"t{i}": i for i in range(VOCAB)}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="t0"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1",
-                                         eos_token="t2").save_pretrained(out)
+    if not (out / "tokenizer.json").exists():
+        torch.manual_seed(0)
+        cfg = getattr(transformers, ARCHS[arch])(**SMALL, bos_token_id=1, eos_token_id=2)
+        genai.save_hf(transformers.AutoModelForCausalLM.from_config(cfg), VOCAB, out)
     return out
 
 
 def build(name: str) -> Path:
-    """The builder's folder for FOLDERS[name], cached under .cache/models (written beside and renamed)."""
+    """The builder's folder for FOLDERS[name], cached under .cache/models."""
     arch, precision, target = FOLDERS[name]
     root = CACHE_DIR / f"genai-{_key()}"
     out = root / name
-    if (out / "genai_config.json").exists():
-        return out
-    root.mkdir(parents=True, exist_ok=True)
-    hf = _hf_folder(arch, root)
-    tmp = root / f"{name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(tmp),
-           "-p", precision, "-e", target, "-c", str(root / "cache")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"the GenAI builder failed for {name}:\n{done.stderr[-3000:]}"
-    os.replace(tmp, out)
-    return out
-
-
-def _cpu_copy(folder: Path, tmp: Path) -> Path:
-    """The folder with genai_config.json's provider options removed, so ONNX Runtime GenAI runs it on its CPU."""
-    cfg = json.loads((folder / "genai_config.json").read_text())
-    cfg["model"]["decoder"]["session_options"]["provider_options"] = []
-    out = tmp / folder.name
-    out.mkdir()
-    for f in folder.iterdir():
-        (out / f.name).symlink_to(f)
-    (out / "genai_config.json").unlink()
-    (out / "genai_config.json").write_text(json.dumps(cfg))
+    if not (out / "genai_config.json").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        genai.run_builder(_hf_folder(arch, root), out, precision, target, root / "cache", timeout=600)
     return out
 
 
 def og_greedy(folder: Path, tmp: Path, prompts: list[list[int]], new: int) -> np.ndarray:
-    model = og.Model(str(_cpu_copy(folder, tmp)))
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=len(prompts[0]) + new, batch_size=len(prompts))
-    gen = og.Generator(model, params)
-    gen.append_tokens(np.array(prompts, np.int32))
-    while not gen.is_done():
-        gen.generate_next_token()
-    return np.array([list(gen.get_sequence(i))[len(prompts[0]):] for i in range(len(prompts))], np.int64)
+    return genai.og_greedy(genai.cpu_copy(folder, tmp / folder.name), prompts, new)
 
 
 @pytest.fixture(scope="module", params=sorted(FOLDERS))
