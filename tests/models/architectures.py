@@ -1,5 +1,6 @@
 """Real architectures as `transformers` builds them from tiny configs (random weights, no downloads), exported by
-both of torch.onnx.export's exporters: "torchscript" (dynamo=False, opset 17) and "dynamo" (dynamo=True, opset 18).
+both of torch.onnx.export's exporters: "torchscript" (dynamo=False, opset 17; "torchscript-opset14" at opset 14)
+and "dynamo" (dynamo=True, opset 18; "dynamo-opset23" at opset 23).
 
 Each `Arch` names its transformers class and config, its ONNX inputs and outputs and which of their axes are
 dynamic; `export(arch, exporter)` writes the export once into tests/models/zoo.py's cache. When the torch exporter
@@ -20,8 +21,8 @@ import numpy as np
 from . import zoo
 from .zoo import _cached, _quiet_export
 
-EXPORTERS = ("torchscript", "dynamo")
-OPSET = {"torchscript": 17, "dynamo": 18}
+EXPORTERS = ("torchscript", "dynamo", "torchscript-opset14", "dynamo-opset23")
+OPSET = {"torchscript": 17, "dynamo": 18, "torchscript-opset14": 14, "dynamo-opset23": 23}
 
 
 class ExportFailed(RuntimeError):
@@ -107,6 +108,12 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
          "image", model_kwargs={"add_pooling_layer": False}),
 )}
 
+# Not in the matrix: RoBERTa with transformers' eager attention, the pattern ONNX Runtime's transformer optimizer
+# fuses into com.microsoft Attention (test_decoder_matrix.py runs its output).
+ROBERTA_EAGER = Arch("roberta_eager", "RobertaModel", "RobertaConfig",
+                     {**ARCHS["roberta"].kwargs, "attn_implementation": "eager"}, "text",
+                     model_kwargs={"add_pooling_layer": False})
+
 
 def build(arch: Arch, seed: int = 0) -> Any:
     """The transformers model, eval mode, seeded random weights."""
@@ -163,7 +170,7 @@ def export(arch: Arch, exporter: str = "torchscript", seed: int = 0) -> Path:
         args = tuple(torch.from_numpy(v) for v in arch.feeds(2, 12, seed).values())
         dyn_axes = {0: "batch", 1: "sequence"} if arch.dynamic_length else {0: "batch"}
         with _quiet_export(), torch.no_grad():
-            if exporter == "torchscript":
+            if exporter.startswith("torchscript"):
                 axes = {n: dyn_axes for n in arch.inputs}
                 axes |= {n: {0: "batch"} for n in arch.outputs}
                 options: dict[str, Any] = {"dynamic_axes": axes, "dynamo": False}
@@ -171,7 +178,7 @@ def export(arch: Arch, exporter: str = "torchscript", seed: int = 0) -> Path:
                 dyn = torch.export.Dim.DYNAMIC
                 options = {"dynamic_shapes": (tuple({a: dyn for a in dyn_axes} for _ in arch.inputs),), "dynamo": True}
             try:
-                program = torch.onnx.export(module, args, str(path) if exporter == "torchscript" else None,
+                program = torch.onnx.export(module, args, str(path) if exporter.startswith("torchscript") else None,
                                             input_names=list(arch.inputs), output_names=list(arch.outputs),
                                             opset_version=OPSET[exporter], **options)
             except Exception as e:  # the exporter's own failure (a builder's bug propagates as itself)

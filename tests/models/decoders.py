@@ -19,7 +19,9 @@ from .zoo import _cached, _quiet_export
 
 @dataclass(frozen=True)
 class Decoder:
-    """A decoder's config: the architecture ("gpt2" or "llama") and its sizes."""
+    """A decoder's config: the architecture ("gpt2", "llama" or "qwen2") and its sizes; `jitter`: every vector
+    parameter (norm gammas and betas, biases) moved off its initial value, so a fused norm that dropped its affine
+    tail shows in the outputs."""
 
     arch: str
     layers: int = 2
@@ -29,6 +31,7 @@ class Decoder:
     ff: int = 128
     vocab: int = 500
     positions: int = 256
+    jitter: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -50,6 +53,7 @@ class Decoder:
 
 GPT2 = Decoder("gpt2")
 LLAMA = Decoder("llama", heads=4, kv_heads=2)
+QWEN2 = Decoder("qwen2", heads=4, kv_heads=2)
 
 
 def build(cfg: Decoder, seed: int = 0) -> Any:
@@ -68,8 +72,19 @@ def build(cfg: Decoder, seed: int = 0) -> Any:
                                           intermediate_size=cfg.ff, vocab_size=cfg.vocab,
                                           max_position_embeddings=cfg.positions)
         model = transformers.LlamaForCausalLM(config)
+    elif cfg.arch == "qwen2":
+        config = transformers.Qwen2Config(num_hidden_layers=cfg.layers, hidden_size=cfg.hidden,
+                                          num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+                                          intermediate_size=cfg.ff, vocab_size=cfg.vocab,
+                                          max_position_embeddings=cfg.positions)
+        model = transformers.Qwen2ForCausalLM(config)
     else:
         raise ValueError(f"unknown decoder architecture {cfg.arch!r}")
+    if cfg.jitter:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.ndim == 1:
+                    p.add_(0.2 * torch.randn_like(p))
     return model.eval()
 
 
@@ -101,7 +116,8 @@ def export(cfg: Decoder, exporter: str = "torchscript", seed: int = 0) -> Path:
     """The cached ONNX export of `cfg` by torch.onnx.export's "torchscript" (dynamo=False) or "dynamo" exporter."""
     if exporter not in ("torchscript", "dynamo"):
         raise ValueError(f"unknown exporter {exporter!r}")
-    key = hashlib.sha256(json.dumps([asdict(cfg), exporter, seed]).encode()).hexdigest()[:8]
+    spec = {k: v for k, v in asdict(cfg).items() if k != "jitter" or v}  # the older keys without jitter stand
+    key = hashlib.sha256(json.dumps([spec, exporter, seed]).encode()).hexdigest()[:8]
 
     def write(path: Path) -> None:
         import torch

@@ -27,7 +27,7 @@ from .exprs import float_const, int_const, kernel
 from .normalization import normalize
 from .reduce import reduce_axes
 from .shape import reshape_view
-from .transformer import affine, decomposed_rms, fused_norm
+from .transformer import EMBER, affine, decomposed_rms, fell_back, try_fused_norm
 
 MS = "com.microsoft"
 
@@ -112,13 +112,15 @@ class _SkipNorm(_Contrib):
         eps = float(self.attr["epsilon"])
         axis = x.rank - 1
         kind = "rmsnorm" if self.simplified else "layernorm"
-        y = mean = inv = None
-        if not (_wanted(self, 1) or _wanted(self, 2)):
-            y = fused_norm(ctx, self, kind, total, axis, gamma, beta, eps)
-            if y is not None:
-                ctx.count(f"{kind}.fused")
-        if y is None:
-            ctx.count(f"{kind}.fallback")
+        mean = inv = None
+        if _wanted(self, 1) or _wanted(self, 2):
+            y: Tensor | str = "the mean / inverse deviation outputs are read (the fused kernel keeps no statistics)"
+        else:
+            y = try_fused_norm(ctx, self, kind, total, axis, gamma, beta, eps)
+        if isinstance(y, Tensor):
+            ctx.count(f"{kind}.fused")
+        else:
+            fell_back(ctx, self, kind, y)
             if self.simplified:
                 normed, inv = rms_stats(ctx, self, total, axis, eps)
             else:
@@ -172,13 +174,13 @@ class _SimplifiedLayerNormalization(_Contrib):
             raise ValueError(f"{self.node.describe()}: the scale has rank {scale.rank}, more than the "
                              f"{x.rank - axis} normalised dim(s)")
         if not _wanted(self, 1):
-            y = fused_norm(ctx, self, "rmsnorm", x, axis, scale, None, eps)
-            if y is not None:
+            y = try_fused_norm(ctx, self, "rmsnorm", x, axis, scale, None, eps)
+            if isinstance(y, Tensor):
                 ctx.count("rmsnorm.fused")
                 return [y]
-            ctx.count("rmsnorm.fallback")
+            fell_back(ctx, self, "rmsnorm", y)
             return [decomposed_rms(ctx, self, x, list(range(axis, x.rank)), eps, scale)]
-        ctx.count("rmsnorm.fallback")
+        fell_back(ctx, self, "rmsnorm", "the inverse deviation output is read (the fused kernel keeps no statistics)")
         normed, inv = rms_stats(ctx, self, x, axis, eps)
         return [affine(ctx, self, normed, scale, None), inv]
 
@@ -196,6 +198,7 @@ class _Activation(_Contrib):
     f16 = True
     arity = (1, 2)
     bias_required = False
+    pattern = "gelu"  # the fused arm it counts
 
     def build(self, x: Expr) -> Expr:
         raise NotImplementedError
@@ -214,7 +217,7 @@ class _Activation(_Contrib):
             # the activation follows it there; otherwise the two fuse into one elementwise kernel.
             x = emit(ctx, self, call("add", inp(0), inp(1)), [x, bias], x.dtype)
             x.uses = 1  # read once, by the activation below
-        ctx.count("gelu.fused")
+        ctx.count(f"{self.pattern}.fused")
         return [emit(ctx, self, self.build(inp(0)), [x], x.dtype)]
 
 
@@ -248,14 +251,19 @@ class FastGelu(_Activation):
 
 @register("QuickGelu", 1, MS)
 class QuickGelu(_Activation):
+    """x * sigmoid(alpha x): com.microsoft's, and ai.ember's from CLIP's quick_gelu chain (onnx/patterns.py)."""
     arity = (1, 1)
     attrs = {"alpha": 1.702}
+    pattern = "quickgelu"
 
     def run(self, ctx: Context, x: Tensor) -> list[Tensor]:  # type: ignore[override]
         return super().run(ctx, x)
 
     def build(self, x: Expr) -> Expr:
         return call("mul", x, call("sigmoid", call("mul", float_const(self.attr["alpha"]), x)))
+
+
+register("QuickGelu", 1, EMBER)(type("QuickGeluEmber", (QuickGelu,), {}))
 
 
 # ---- FusedMatMul -----------------------------------------------------------------------------------------------
@@ -417,4 +425,6 @@ class OnnxRotaryEmbedding(RotaryEmbedding):
             b, s, half = cos.shape
             cos, sin = reshape_view(ctx, cos, (b * s, half)), reshape_view(ctx, sin, (b * s, half))
             pos = ctx.const(np.arange(b * s, dtype=np.int64).reshape(b, s))
+            if b == 1 and x.shape[0] > 1:  # one batch row's caches (torch.onnx's export of HF rotary) serve all
+                pos = ctx.const(np.broadcast_to(np.arange(s, dtype=np.int64), (x.shape[0], s)).copy())
         return RotaryEmbedding.run(self, ctx, x, pos, cos, sin)

@@ -1,8 +1,9 @@
 """Transformer ops with fused kernels: LayerNorm, RMSNorm, GELU, Softmax.
 
 Each runs its fused kernel when it applies and counts "<pattern>.fused"; otherwise it falls back to the
-decomposition and counts "<pattern>.fallback". The ONNX ops (LayerNormalization-17, RMSNormalization-23,
-Gelu-20) and the ai.ember ops that onnx/optimize.py rewrites torch's decomposed patterns into share them.
+decomposition and counts "<pattern>.fallback" and, to say why, "<pattern>.fallback[<node>]: <reason>" (plan_info's
+"fusion_misses" lists them). The ONNX ops (LayerNormalization-17, RMSNormalization-23, Gelu-20) and the ai.ember
+ops that onnx/patterns.py rewrites torch's decomposed patterns into share them.
 """
 
 from __future__ import annotations
@@ -20,8 +21,23 @@ from .reduce import reduce_axes
 from .shape import reshape_view
 
 EMBER = "ai.ember"
-PATTERNS = ("rmsnorm", "layernorm", "softmax", "gelu", "attention")
+PATTERNS = ("rmsnorm", "layernorm", "softmax", "gelu", "quickgelu", "attention")
 declare_counters(*(f"{p}.{arm}" for p in PATTERNS for arm in ("fused", "fallback")), "attention.gemm")
+
+
+def fell_back(ctx: Context, op: Op, pattern: str, reason: str) -> None:
+    """Count the decomposition's arm of `pattern`, and why this node took it."""
+    ctx.count(f"{pattern}.fallback")
+    ctx.count(f"{pattern}.fallback[{op.node.name or op.node.op_type}]: {reason}")
+
+
+def parse_fallback(key: str) -> dict[str, str] | None:
+    """{"pattern", "node", "reason"} from a counter fell_back made, else None."""
+    head, sep, reason = key.partition("]: ")
+    pattern, sep2, node = head.partition(".fallback[")
+    if not (sep and sep2) or pattern not in PATTERNS:
+        return None
+    return {"pattern": pattern, "node": node, "reason": reason}
 
 
 def fused_dtype(dtype: np.dtype) -> bool:
@@ -40,18 +56,28 @@ def _vector(ctx: Context, t: Tensor | None, n: int) -> View | None:
 
 def fused_norm(ctx: Context, op: Op, kind: str, x: Tensor, axis: int, scale: Tensor | None, bias: Tensor | None,
                eps: float) -> Tensor | None:
-    """The fused row kernel when it applies (float32, normalising trailing dims, vector scale/bias)."""
-    if not fused_dtype(x.dtype) or x.size == 0:
-        return None
+    """The fused row kernel when it applies (float32, normalising trailing dims, vector scale/bias), else None."""
+    y = try_fused_norm(ctx, op, kind, x, axis, scale, bias, eps)
+    return y if isinstance(y, Tensor) else None
+
+
+def try_fused_norm(ctx: Context, op: Op, kind: str, x: Tensor, axis: int, scale: Tensor | None,
+                   bias: Tensor | None, eps: float) -> Tensor | str:
+    """fused_norm's kernel, or why it does not apply (for fell_back)."""
+    if not fused_dtype(x.dtype):
+        return f"the input is {x.dtype}, not float32 or float16"
+    if x.size == 0:
+        return "the input is empty"
     n = math.prod(x.shape[axis:])
     sv, bv = _vector(ctx, scale, n), _vector(ctx, bias, n)
-    if (scale is not None and sv is None) or (bias is not None and bv is None):
-        return None
+    for name, t, v in (("scale", scale, sv), ("bias", bias, bv)):
+        if t is not None and v is None:
+            return f"the {name} has shape {t.shape}: not 1 or {n} elements (one per normalised element)"
     out = ctx.new(x.dtype, x.shape)
     try:
         steps = ctx.backend.record_norm(kind, ctx.contiguous(x), sv, bv, out.view, n, float(eps))
-    except NotImplementedError:
-        return None
+    except NotImplementedError as e:
+        return f"the backend has no fused kernel for it ({e})"
     ctx.record(steps)
     return out
 
@@ -84,18 +110,39 @@ class LayerNormalization(Op):
 
     def run(self, ctx: Context, x: Tensor, scale: Tensor | None = None, bias: Tensor | None = None) -> list[Tensor]:
         axis = norm_axis(self, self.attr["axis"], x.rank)
-        wants_stats = len([o for o in self.node.outputs if o]) > 1
-        if not wants_stats:
-            y = fused_norm(ctx, self, "layernorm", x, axis, scale, bias, self.attr["epsilon"])
-            if y is not None:
-                ctx.count("layernorm.fused")
-                return [y]
-        ctx.count("layernorm.fallback")
+        if len([o for o in self.node.outputs if o]) > 1:
+            y: Tensor | str = "the Mean / InvStdDev outputs are read (the fused kernel keeps no statistics)"
+        else:
+            y = try_fused_norm(ctx, self, "layernorm", x, axis, scale, bias, self.attr["epsilon"])
+        if isinstance(y, Tensor):
+            ctx.count("layernorm.fused")
+            return [y]
+        fell_back(ctx, self, "layernorm", y)
         y, mean, inv = normalize(ctx, self, x, list(range(axis, x.rank)), self.attr["epsilon"], stats=True)
         return [affine(ctx, self, y, scale, bias), mean, inv]
 
 
-register("LayerNorm", 1, EMBER)(type("LayerNorm", (LayerNormalization,), {}))
+def _inner_axis(ctx: Context, op: Op, pattern: str, x: Tensor) -> int | None:
+    """The axis a rewritten chain reduced (its ReduceMean's one axis), if it is not the last: the fused kernel
+    normalises trailing dims, so that chain runs as its decomposition over that axis alone."""
+    axis = norm_axis(op, op.attr["axis"], x.rank)
+    if axis == x.rank - 1:
+        return None
+    fell_back(ctx, op, pattern, f"the chain reduces axis {axis} of a rank-{x.rank} input, not the last")
+    return axis
+
+
+class LayerNorm(LayerNormalization):
+    """ai.ember.LayerNorm, from onnx/patterns.py's chains: normalises over `axis` alone (the chain's ReduceMean)."""
+
+    def run(self, ctx: Context, x: Tensor, scale: Tensor | None = None, bias: Tensor | None = None) -> list[Tensor]:
+        axis = _inner_axis(ctx, self, "layernorm", x)
+        if axis is None:
+            return super().run(ctx, x, scale, bias)
+        return [affine(ctx, self, normalize(ctx, self, x, [axis], self.attr["epsilon"]), scale, bias)]
+
+
+register("LayerNorm", 1, EMBER)(LayerNorm)
 
 
 @register("RMSNormalization", 23)
@@ -105,15 +152,25 @@ class RMSNormalization(Op):
 
     def run(self, ctx: Context, x: Tensor, scale: Tensor | None = None) -> list[Tensor]:
         axis = norm_axis(self, self.attr["axis"], x.rank)
-        y = fused_norm(ctx, self, "rmsnorm", x, axis, scale, None, self.attr["epsilon"])
-        if y is not None:
+        y = try_fused_norm(ctx, self, "rmsnorm", x, axis, scale, None, self.attr["epsilon"])
+        if isinstance(y, Tensor):
             ctx.count("rmsnorm.fused")
             return [y]
-        ctx.count("rmsnorm.fallback")
+        fell_back(ctx, self, "rmsnorm", y)
         return [decomposed_rms(ctx, self, x, list(range(axis, x.rank)), self.attr["epsilon"], scale)]
 
 
-register("RMSNorm", 1, EMBER)(type("RMSNorm", (RMSNormalization,), {}))
+class RMSNorm(RMSNormalization):
+    """ai.ember.RMSNorm, from onnx/patterns.py's chains: normalises over `axis` alone (the chain's ReduceMean)."""
+
+    def run(self, ctx: Context, x: Tensor, scale: Tensor | None = None) -> list[Tensor]:
+        axis = _inner_axis(ctx, self, "rmsnorm", x)
+        if axis is None:
+            return super().run(ctx, x, scale)
+        return [decomposed_rms(ctx, self, x, [axis], self.attr["epsilon"], scale)]
+
+
+register("RMSNorm", 1, EMBER)(RMSNorm)
 
 
 @register("Gelu", 20)
@@ -137,21 +194,23 @@ def softmax(ctx: Context, op: Op, x: Tensor, axis: int, log: bool, legacy: bool 
     if legacy:
         x2 = reshape_view(ctx, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
         return reshape_view(ctx, softmax(ctx, op, x2, 1, log), x.shape)
-    if fused_dtype(x.dtype) and x.size:
+    why = f"the input is {x.dtype}, not float32 or float16" if not fused_dtype(x.dtype) else \
+        "the input is empty" if not x.size else ""
+    if not why:
         perm = [i for i in range(x.rank) if i != axis] + [axis]
         moved = Tensor(x.dtype, tuple(x.shape[p] for p in perm), view=ctx.view(x).permute(perm))
         src = ctx.contiguous(moved)
         out = ctx.new(x.dtype, moved.shape)
         try:
             steps = ctx.backend.record_softmax(src, out.view, x.shape[axis], log)
-        except NotImplementedError:
-            steps = None
+        except NotImplementedError as e:
+            steps, why = None, f"the backend has no fused kernel for it ({e})"
         if steps is not None:
             ctx.record(steps)
             ctx.count("softmax.fused")
             inv = list(np.argsort(perm))
             return Tensor(x.dtype, x.shape, view=out.view.permute(inv))
-    ctx.count("softmax.fallback")
+    fell_back(ctx, op, "softmax", why)
     shape3 = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
     x3 = reshape_view(ctx, x, shape3)
     keep = (shape3[0], 1, shape3[2])
@@ -211,7 +270,10 @@ def attention(ctx: Context, op: Op, q: Tensor, k: Tensor, v: Tensor, mask: Tenso
             ctx.count("attention.fused")
             return out
     gemm = fused
-    ctx.count("attention.gemm" if gemm else "attention.fallback")
+    if gemm:
+        ctx.count("attention.gemm")
+    else:
+        fell_back(ctx, op, "attention", f"the inputs are {q.dtype}, not float32 or float16")
     kv_, vv_ = expand_kv_heads(ctx, k, v, hq)
     qv = ctx.view(q)
     scores = ctx.new(q.dtype, (b, hq, sq, skv))
