@@ -24,7 +24,7 @@ class DeviceArray:
 
     @classmethod
     def from_numpy(cls, backend: ComputeBackend, array: np.ndarray) -> DeviceArray:
-        array = np.ascontiguousarray(array)
+        array = np.require(array, requirements="C")  # np.ascontiguousarray would make a 0-d array 1-d
         handle = backend.alloc(max(array.size, 1) * backend.storage_itemsize(array.dtype))
         if array.size:
             backend.upload(handle, array)

@@ -24,10 +24,12 @@ from .device_array import DeviceArray
 from .interop import cast_feed, host_value, shape_key
 from .ir import Graph
 from .onnx.importer import load
-from .onnx.optimize import optimize
+from .onnx.optimize import fusion_misses, optimize
 from .onnx.validate import check_structure
 from .ops import UnsupportedError, lookup
+from .ops.control import control_problems
 from .plan import COUNTERS, FoldCache, Plan, StagedPlan, WeightPool, build_plan, host_value_inputs, needs_stages
+from .plan.control_runtime import runtime_nodes
 from .plan.families import Families
 
 
@@ -56,6 +58,10 @@ def check_supported(graph: Graph) -> None:
             problems.append(f"  {e}")
     if problems:
         raise NotImplementedError(f"{len(problems)} unsupported node(s) in the model:\n" + "\n".join(problems))
+    bad = control_problems(graph)
+    if bad:
+        raise ValueError(bad[0] if len(bad) == 1 else f"{len(bad)} problems in the graph:\n" +
+                         "\n".join(f"  - {p}" for p in bad))
 
 
 # f32: every float tensor as the model declares it. f16: float32 weights and activations stored as float16
@@ -114,6 +120,16 @@ def check_load_options(backend: Any, fuse: Any, precision: Any, plan_cache_bytes
     return check_plan_cache_bytes(plan_cache_bytes)
 
 
+def _value_key(v: Any) -> Any:
+    """A host input's value as part of a plan key: an array's bytes (with dtype and shape), a sequence's items'."""
+    if isinstance(v, list):
+        return ("sequence", tuple(_value_key(x) for x in v))
+    if v is None:
+        return None
+    a = np.asarray(v)
+    return (a.dtype.str, a.shape, a.tobytes())
+
+
 class Model:
     """A loaded ONNX model bound to one backend. A plan is built per input-shape signature and cached, least
     recently used first out once the cached plans hold more than `plan_cache_bytes` of device memory; the
@@ -152,7 +168,8 @@ class Model:
         # Per run, each plan counter (Plan.counters) adds its count: every counter the ops declare starts at 0.
         self._stats = dict.fromkeys(COUNTERS, 0)
         self.rewrites: dict[str, int] = {}
-        self._host_inputs = host_value_inputs(graph)
+        # An If or Loop decided at run time reads its condition from the run, not from inputs the plan is keyed by.
+        self._host_inputs = host_value_inputs(graph, skip=runtime_nodes(graph))
         for vi in graph.inputs:
             if vi.dtype is None and vi.kind == "tensor":
                 raise ValueError(f"input {vi.name!r}: the model declares no tensor dtype")
@@ -199,8 +216,7 @@ class Model:
         """The plan for these input shapes (and values of inputs used as shape arithmetic), from the cache or
         built now. Called under _lock (or from __init__)."""
         host = {n: feeds[n] for n in self._host_inputs}
-        key = (tuple(shapes[v.name] for v in self.graph.inputs),
-               tuple((n, host[n].tobytes()) for n in sorted(host)))
+        key = (tuple(shapes[v.name] for v in self.graph.inputs), tuple((n, _value_key(host[n])) for n in sorted(host)))
         plan = self._plans.get(key)
         if plan is not None:
             self._plans.move_to_end(key)
@@ -330,8 +346,10 @@ class Model:
                 raise ValueError(f"unknown output name(s) {bad}; the model's outputs are {known}")
         with self._lock, self._device_errors():
             plan = self._plan({k: shape_key(v) for k, v in arrays.items()}, arrays)
+            built = plan.builds if self._staged else 0
             result = plan.run(arrays, output_names, keep_on_device)
             if self._staged:  # its stages' plans are built as the data comes: what the cache holds grows
+                self._builds += plan.builds - built
                 self._plan_bytes = sum(p.device_bytes for p in self._plans.values())
                 self._evict(self._limit)
             for k, v in plan.counters.items():
@@ -391,7 +409,8 @@ class Model:
                     "intermediate_bytes": plan.intermediate_bytes,
                     "intermediate_bytes_without_reuse": plan.intermediate_bytes_without_reuse,
                     "scratch_bytes": plan.scratch_bytes(), "device_bytes": plan.device_bytes,
-                    "symbolic_dims": self._symbolic_dims(), **plan.stats}
+                    "symbolic_dims": self._symbolic_dims(), **plan.stats,
+                    "fusion_misses": fusion_misses(self.rewrites, plan.stats)}  # near misses, fallbacks: why
 
     def _symbolic_dims(self) -> dict[str, dict[int, str | None] | None]:
         # An input declared without a shape is symbolic in every dim, its rank included: None.

@@ -186,6 +186,9 @@ TEMPLATE_CHECK = _declare("template_check", "EMBER_TEMPLATE_CHECK", _flag, False
 PROGRESS = _declare("progress", "EMBER_PROGRESS", _flag, None, "bool",
                     "Progress of slow work (load, plan build, autotune) on stderr; unset: on when stderr is a "
                     "terminal. The CLI's `--quiet` turns it off.")
+LOOP_MAX_ITERATIONS = _declare("loop_max_iterations", "EMBER_LOOP_MAX_ITERATIONS", _count, 1_000_000, "count",
+                                "Iterations a Loop without a finite trip count may run (its condition decided at "
+                                "run time) before RuntimeError names it, instead of hanging.")
 
 
 def cache_dir() -> Path:

@@ -1,7 +1,7 @@
 """If and Loop (ops/control.py): planned on the host, compared with ONNX Runtime on every backend. An If whose
 condition is a graph input or shape arithmetic plans the branch it takes (a graph input makes the plan keyed by
 its value); a Loop whose trip count and condition are known while planning is unrolled. Conditions computed on
-the device are refused with an error naming the node; subgraphs are checked at load like the main graph."""
+the device are decided at run time (test_control_runtime.py); subgraphs are checked at load like the main graph."""
 
 from __future__ import annotations
 
@@ -126,11 +126,13 @@ def test_loop_with_a_trip_count_from_the_shape_is_unrolled(backend_name: str) ->
     compare(loop_model(), backend_name, [{"x": rng.standard_normal((n, 3)).astype(np.float32)} for n in (1, 5, 3)])
 
 
-def test_loop_whose_condition_is_computed_on_the_device_is_refused(backend_name: str) -> None:
-    em = ember.load_onnx(loop_model(device_cond=True), backend=backend_name)
-    with pytest.raises(NotImplementedError, match=r"Loop .*node 'loop'\): the condition the body computes is "
-                                                  r"computed on the device"):
-        em.run({"x": np.ones((3, 3), np.float32)})
+def test_loop_whose_condition_is_computed_on_the_device_runs_at_run_time(backend_name: str) -> None:
+    """The body's condition comes from the data: the Loop runs its body's plan per iteration (see
+    test_control_runtime.py), instead of being refused."""
+    rng = np.random.default_rng(7)
+    em = compare(loop_model(device_cond=True), backend_name,
+                 [{"x": rng.standard_normal((n, 3)).astype(np.float32)} for n in (1, 4)])
+    assert em.plan_info({"x": np.ones((4, 3), np.float32)})["control_flow"]["loop_runtime"] == 1
 
 
 def test_an_unsupported_op_inside_a_branch_fails_at_load() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..core.expr import FLOAT, Expr, call, coord, load
-from .base import Context, Op, Tensor, host_ints, register
+from .base import Context, Op, Tensor, call_op, host_ints, register
 from .conv import to_2d
 from .exprs import all_exprs, contiguous_strides, flat_offset, float_const, int_const, kernel, sum_exprs
 
@@ -28,8 +28,8 @@ class ConvTranspose(Op):
 
     def run(self, ctx: Context, x: Tensor, w: Tensor, b: Tensor | None = None) -> list[Tensor]:
         r = x.rank - 2
-        if r not in (1, 2):
-            raise self.fail(f"{r}-D ConvTranspose is not supported (1-D and 2-D are)")
+        if r not in (1, 2, 3):
+            raise self.fail(f"{r}-D ConvTranspose is not supported (1-D to 3-D are)")
         if x.dtype.kind != "f" or w.dtype != x.dtype:
             raise self.fail(f"ConvTranspose on {x.dtype} is not supported")
         g = self.attr["group"]
@@ -70,7 +70,7 @@ class ConvTranspose(Op):
                    call("mod", o, int_const(mg))]
             src += [call("sub", int_const(k - 1), coord(2 + i)) for i, k in enumerate(ksize)]
             wt = kernel(ctx, load(0, *src, kind=FLOAT), [w], w.dtype, (g * mg, cg, *ksize))
-        if all(s == 1 for s in strides) and min(lo + hi) >= 0:
+        if all(s == 1 for s in strides) and min(lo + hi) >= 0 and r < 3:
             z, conv_pads = x, lo + hi  # stride 1: the conv pads the input itself
         else:
             spread = [(m - 1) * s + 1 for m, s in zip(size, strides, strict=True)]
@@ -88,6 +88,8 @@ class ConvTranspose(Op):
             z = kernel(ctx, call("where", valid, load(0, *idx, kind=FLOAT), float_const(0.0)), [x], x.dtype,
                           (n, c, *z_sp))
             conv_pads = [0] * (2 * r)
+        if r == 3:
+            return [self._depth_taps(ctx, z, wt, b, dil, g)]
         out = ctx.new(x.dtype, (n, g * mg, *out_sp))
         one = [1] * r
         if r == 1:
@@ -96,6 +98,31 @@ class ConvTranspose(Op):
         ctx.record(ctx.backend.record_conv(ctx.contiguous(to_2d(ctx, z)), ctx.contiguous(to_2d(ctx, wt)), bias,
                                            to_2d(ctx, out).view, tuple(one), tuple(conv_pads), tuple(dil), g))
         return [out]
+
+
+    def _depth_taps(self, ctx: Context, z: Tensor, wt: Tensor, b: Tensor | None, dil: list[int], g: int) -> Tensor:
+        """The stride-1 3-D convolution of the spread input z with the flipped kernel wt, as a sum over the
+        kernel's depth taps of 2-D convolutions: depth folded into the batch, tap i reading depth d + i * dil."""
+        n, c, dz, hz, wz = z.shape
+        m, kd = wt.shape[0], wt.shape[2]
+        do = dz - (kd - 1) * dil[0]
+        zt = call_op(ctx, self, "Transpose", z, perm=[0, 2, 1, 3, 4])[0]
+        acc = None
+        for i in range(kd):
+            part = call_op(ctx, self, "Slice", zt, ctx.const(np.array([i * dil[0]], np.int64)),
+                           ctx.const(np.array([i * dil[0] + do], np.int64)), ctx.const(np.array([1], np.int64)))[0]
+            part = call_op(ctx, self, "Reshape", part, ctx.const(np.array([n * do, c, hz, wz], np.int64)))[0]
+            tap = call_op(ctx, self, "Gather", wt, ctx.const(np.array(i, np.int64)), axis=2)[0]
+            y = call_op(ctx, self, "Conv", part, tap, group=g, dilations=dil[1:])[0]
+            acc = y if acc is None else call_op(ctx, self, "Add", acc, y)[0]
+        assert acc is not None
+        ho, wo = acc.shape[2:]
+        acc = call_op(ctx, self, "Reshape", acc, ctx.const(np.array([n, do, m, ho, wo], np.int64)))[0]
+        out = call_op(ctx, self, "Transpose", acc, perm=[0, 2, 1, 3, 4])[0]
+        if b is not None:
+            out = call_op(ctx, self, "Add", out, call_op(ctx, self, "Reshape", b, ctx.const(
+                np.array([m, 1, 1, 1], np.int64)))[0])[0]
+        return out
 
 
 @register("Col2Im", 18)

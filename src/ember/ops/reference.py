@@ -58,6 +58,9 @@ class ReferenceOp(HostOp):
             raise self.fail("runs through onnx.reference, which needs the node as imported (no proto was kept)")
 
     def compute(self, *inputs: Any) -> list[Any]:
+        if self.node.op_type == "Optional" and not self.node.domain:
+            # ember's optional is its value or None; onnx.reference wraps the value in a list of one.
+            return [inputs[0] if inputs else None]
         evaluator = getattr(self.node, "_evaluator", None)
         if evaluator is None:
             evaluator = self.node._evaluator = _evaluator(self.node)  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ the other plans of its model; the plan owns only the buffers it writes (inputs, 
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Collection, Iterable, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -136,19 +136,22 @@ class Plan:
             self.shared = []
 
 
-def host_value_inputs(graph: Graph) -> set[str]:
+def host_value_inputs(graph: Graph, skip: Collection[int] = ()) -> set[str]:
     """Graph inputs whose values an op needs while planning (a Reshape's shape fed by the user, say).
 
-    A plan is specialised on their values, as it is on input shapes: they are host-side shape arithmetic.
+    A plan is specialised on their values, as it is on input shapes: they are host-side shape arithmetic. `skip`:
+    ids of nodes (control flow decided at run time, plan/control_runtime.py) whose inputs and subgraphs are not.
     """
     names = {vi.name for vi in graph.inputs}
+    nodes = list(_nodes_outside(graph, skip))
     # Subgraphs' nodes too: a Reshape inside an If branch whose shape comes from a graph input.
-    producers = {o: n for n in graph.all_nodes() for o in n.outputs if o}
+    producers = {o: n for n in nodes for o in n.outputs if o}
     needed: list[str] = []
-    for node in graph.all_nodes():
-        cls = lookup(node)
+    for node in nodes:
+        cls = None if id(node) in skip else lookup(node)
         needed += [node.inputs[i] for i in getattr(cls, "host_inputs", ()) if i < len(node.inputs) and node.inputs[i]]
-    # Follow host values back through the nodes computing them; Shape and Size need shapes only.
+    # Follow host values back through the nodes computing them; Shape and Size need shapes only. An If's outputs
+    # are its branches' outputs: followed into them (AffineGrid's expansion splits a size input in a branch).
     out, seen = set(), set()
     while needed:
         name = needed.pop()
@@ -158,8 +161,19 @@ def host_value_inputs(graph: Graph) -> set[str]:
         if name in names:
             out.add(name)
         elif name in producers and producers[name].op_type not in ("Shape", "Size"):
-            needed += [i for i in producers[name].inputs if i]
+            node = producers[name]
+            needed += [i for i in node.inputs if i]
+            if node.op_type == "If" and id(node) not in skip:
+                needed += [vi.name for g in node.subgraphs() for vi in g.outputs]
     return out
+
+
+def _nodes_outside(graph: Graph, skip: Collection[int]) -> Iterable[Any]:
+    for n in graph.nodes:
+        yield n
+        if id(n) not in skip:
+            for g in n.subgraphs():
+                yield from _nodes_outside(g, ())
 
 
 F16 = np.dtype(np.float16)

@@ -5,7 +5,8 @@ node whose inputs are not all constants: the nodes between two cuts form a devic
 graph (its inputs: graph inputs and earlier stages' values); each cut node runs on the host, on its inputs read
 back, and its outputs feed the later stages. A StagedPlan does the same work as a Plan: its stages' plans are
 built when their input shapes are first seen (they depend on the data), cached per shape, and share the model's
-weight pool and folds. Values passed between device stages stay on the device.
+weight pool and folds. Values passed between device stages stay on the device. An If or Loop decided at run
+time (plan/control_runtime.py) is a cut too: its branch or body runs as a StagedPlan of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..device_array import DeviceArray
 from ..ir import Graph, Node, ValueInfo
 from ..ops import lookup
 from ..ops.reference import run_reference
+from .control_runtime import CONTROL, run_control, runtime_nodes
 from .planner import Plan, host_value_inputs
 
 STAGE_PLANS = 64  # plans kept per device stage (one per input-shape signature seen)
@@ -46,10 +48,12 @@ def _is_cut(node: Node, initializers: dict[str, Any]) -> bool:
 
 def needs_stages(graph: Graph) -> bool:
     return any(vi.kind != "tensor" or (vi.dtype is not None and vi.dtype.kind == "O") for vi in graph.inputs) or \
-        any(_is_cut(n, graph.initializers) for n in graph.nodes)
+        any(_is_cut(n, graph.initializers) for n in graph.nodes) or bool(runtime_nodes(graph))
 
 
-def split(graph: Graph) -> list[Stage]:
+def split(graph: Graph, runtime: set[int] | None = None) -> list[Stage]:
+    """The graph's stages; `runtime`: ids of its control nodes decided at run time (runtime_nodes)."""
+    runtime = runtime_nodes(graph) if runtime is None else runtime
     stages: list[Stage] = []
     # Values only the host holds (sequences, optionals, strings from host ops): an Identity of one passes it on.
     host_made = {vi.name for vi in graph.inputs if vi.kind != "tensor"}
@@ -60,7 +64,7 @@ def split(graph: Graph) -> list[Stage]:
         on_strings = node.proto is not None and any(i in strings for i in node.inputs)
         if on_strings:
             strings.update(o for o in node.outputs if o)
-        if passes_on or on_strings or _is_cut(node, graph.initializers):
+        if passes_on or on_strings or id(node) in runtime or _is_cut(node, graph.initializers):
             stages.append(Stage([node], host=True))
             host_made.update(o for o in node.outputs if o)
         elif stages and not stages[-1].host:
@@ -77,12 +81,17 @@ def split(graph: Graph) -> list[Stage]:
     return stages
 
 
+FLOW = ("if_runtime", "loop_runtime", "loop_iterations", "readbacks")  # plan_info()["control_flow"], per run
+
+
 class StagedPlan:
-    """The Plan of a staged graph for one signature of the graph's inputs (see the module docstring)."""
+    """The Plan of a staged graph for one signature of the graph's inputs (see the module docstring). `root`: the
+    StagedPlan of the model's graph, for the plan of a branch or body (it counts builds and sync points)."""
 
     def __init__(self, graph: Graph, build: Callable[[Graph, dict[str, tuple[int, ...]], dict[str, np.ndarray]],
-                                                      Plan], backend: Any) -> None:
+                                                      Plan], backend: Any, root: StagedPlan | None = None) -> None:
         self.graph, self.build, self.backend = graph, build, backend
+        self.root = self if root is None else root
         self.stages = split(graph)
         self.inputs: list = []
         self.outputs: list = []  # unknown until a run: later stages' shapes depend on the data
@@ -90,12 +99,18 @@ class StagedPlan:
         self.stats: dict[str, Any] = {"stages": sum(not s.host for s in self.stages),
                                       "host_nodes": [n.name for s in self.stages if s.host for n in s.nodes]}
         self._last: list[tuple[Plan, dict[str, Any]]] = []  # each device stage's plan and feeds, last run
-        self.builds = 0
+        self._subs: dict[tuple, StagedPlan] = {}  # (node id, attribute, kinds of its outer values) -> its plan
+        self.builds = 0  # device stage plans built, this plan's and its subplans' (counted at the root)
+        # Sync points of control flow decided at run time (plan/control_runtime.py), counted over the last run.
+        self.flow: dict[str, int] = self.root.flow if root is not None else dict.fromkeys(FLOW, 0)
+        if root is None and any(n.op_type in CONTROL for s in self.stages if s.host for n in s.nodes):
+            self.stats["control_flow"] = dict(self.flow)
 
     # ---- what Model reads of a plan ---------------------------------------------------------------------
     @property
     def device_bytes(self) -> int:
-        return sum(p.device_bytes for s in self.stages for p in s.plans.values())
+        return sum(p.device_bytes for s in self.stages for p in s.plans.values()) + \
+            sum(sub.device_bytes for sub in self._subs.values())
 
     @property
     def steps(self) -> list:
@@ -113,10 +128,14 @@ class StagedPlan:
         return sum(p.scratch_bytes() for p, _ in self._last)
 
     def run(self, feeds: dict[str, Any], names: list[str] | None = None,
-            keep_on_device: bool = False) -> dict[str, Any]:
+            keep_on_device: bool = False, raw: bool = False) -> dict[str, Any]:
+        """The outputs: host arrays, or DeviceArrays with keep_on_device; `raw` (a branch's or body's plan)
+        leaves each as it came, a device array or a host value."""
         values: dict[str, Any] = dict(feeds)
         self._last = []
         counters: dict[str, int] = {}
+        if self.root is self:
+            self.flow.update(dict.fromkeys(FLOW, 0))
         for st in self.stages:
             if st.host:
                 self._run_host(st.nodes[0], values)
@@ -127,12 +146,14 @@ class StagedPlan:
             for k, v in plan.counters.items():
                 counters[k] = counters.get(k, 0) + v
         self.counters = counters
+        if "control_flow" in self.stats:
+            self.stats["control_flow"] = dict(self.flow)
         out = {}
         for vi in self.graph.outputs:
             if names is not None and vi.name not in names:
                 continue
             v = values[vi.name] if vi.name in values else self.graph.initializers[vi.name]
-            if v is None or isinstance(v, list):  # an optional without a value, a sequence: host values
+            if raw or v is None or isinstance(v, list):  # an optional without a value, a sequence: host values
                 out[vi.name] = v
             elif keep_on_device:
                 out[vi.name] = v if isinstance(v, DeviceArray) else DeviceArray.from_numpy(self.backend, v)
@@ -140,9 +161,31 @@ class StagedPlan:
                 out[vi.name] = v.numpy() if isinstance(v, DeviceArray) else np.array(v)
         return out
 
+    def _get(self, values: dict[str, Any], name: str) -> Any:
+        return values[name] if name in values else self.graph.initializers[name]
+
+    def subplan(self, node: Node, attr: str, values: dict[str, Any]) -> tuple[StagedPlan, list[str]]:
+        """The StagedPlan of a subgraph of `node` (made on first use: its inputs' kinds come from the values),
+        and the enclosing values to feed it besides its own inputs."""
+        graph: Graph = node.attrs[attr]
+        outer = [n for n in graph.outer_names() if n not in self.graph.initializers]
+        kinds = tuple(_kind(values[n]) for n in outer)
+        key = (id(node), attr, kinds)
+        sub = self._subs.get(key)
+        if sub is None:
+            inits = {n: self.graph.initializers[n] for n in graph.outer_names() if n in self.graph.initializers}
+            ins = [*graph.inputs, *(_value_info(n, values[n]) for n in outer)]
+            sub_graph = Graph(graph.nodes, ins, graph.outputs, {**inits, **graph.initializers}, graph.value_info,
+                              self.graph.opsets, f"{self.graph.name}/{node.name}/{attr}")
+            sub = self._subs[key] = StagedPlan(sub_graph, self.build, self.backend, self.root)
+        return sub, outer
+
     def _run_host(self, node: Node, values: dict[str, Any]) -> None:
         if node.op_type == "Identity" and not node.domain:
             values[node.outputs[0]] = values[node.inputs[0]]
+            return
+        if node.op_type in CONTROL and not node.domain:
+            run_control(self, node, values, lambda name: self._get(values, name))
             return
         cls = lookup(node)
         assert cls is not None
@@ -175,7 +218,7 @@ class StagedPlan:
         plan = st.plans.get(key)
         if plan is None:
             plan = self.build(st.graph, {n: tuple(v.shape) for n, v in feeds.items()}, host)
-            self.builds += 1
+            self.root.builds += 1
             st.plans[key] = plan
             while len(st.plans) > STAGE_PLANS:
                 st.plans.popitem(last=False)[1].free()
@@ -190,8 +233,23 @@ class StagedPlan:
         return sum(p.gpu_time(reps) for p, _ in self._last)
 
     def free(self) -> None:
+        for sub in self._subs.values():
+            sub.free()
+        self._subs.clear()
         for st in self.stages:
             for p in st.plans.values():
                 p.free()
             st.plans.clear()
         self._last = []
+
+
+def _kind(v: Any) -> str:
+    return "sequence" if isinstance(v, list) else "optional" if v is None else "tensor"
+
+
+def _value_info(name: str, v: Any) -> ValueInfo:
+    """A subgraph input for an enclosing value: its kind and dtype, its rank (the dims left free)."""
+    kind = _kind(v)
+    if kind != "tensor":
+        return ValueInfo(name, None, None, kind)
+    return ValueInfo(name, np.dtype(v.dtype), (None,) * len(v.shape))

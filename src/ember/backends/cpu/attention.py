@@ -40,14 +40,17 @@ def record_attention(qv: np.ndarray, kv: np.ndarray, vv: np.ndarray, mv: np.ndar
              and qv.shape[axis] >= pool.size)
 
     def step() -> None:
-        keys = np.repeat(kv, rep, axis=1) if rep > 1 else kv
-        values = np.repeat(vv, rep, axis=1) if rep > 1 else vv
-        m = mv
+        q, keys, values, m = qv, kv, vv, mv
+        if qv.dtype == np.float16:  # float32 work, one rounding into dst
+            q, keys, values = (a.astype(np.float32) for a in (qv, kv, vv))
+            m = None if mv is None else mv.astype(np.float32)
+        keys = np.repeat(keys, rep, axis=1) if rep > 1 else keys
+        values = np.repeat(values, rep, axis=1) if rep > 1 else values
         if causal_mask is not None:
             m = causal_mask if m is None else m + causal_mask
-        sc = qv.dtype.type(scale)
+        sc = q.dtype.type(scale)
         if not split:
-            dst[...] = attention_numpy(qv, keys, values, sc, m)
+            dst[...] = attention_numpy(q, keys, values, sc, m)
             return
 
         def part(lo: int, hi: int) -> Step:
@@ -55,7 +58,7 @@ def record_attention(qv: np.ndarray, kv: np.ndarray, vv: np.ndarray, mv: np.ndar
             mm = m[ix] if m is not None and m.ndim == 4 else m
 
             def run() -> None:
-                dst[ix] = attention_numpy(qv[ix], keys[ix], values[ix], sc, mm)
+                dst[ix] = attention_numpy(q[ix], keys[ix], values[ix], sc, mm)
 
             return run
 

@@ -186,7 +186,8 @@ class CpuBackend(ComputeBackend):
 
     def record_attention_views(self, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
                                causal: bool) -> list[Step]:
-        _fused_float32(q, "attention")
+        if q.dtype not in _FUSED_F16:
+            _fused_float32(q, "attention")
         return attention.record_attention(self.array(q), self.array(k), self.array(v), self._array_or_none(mask),
                                           self.array(out), scale, causal)
 
@@ -223,7 +224,8 @@ class CpuBackend(ComputeBackend):
             return None
         name, pos = where
         x = kwargs.get(name, args[pos] if len(args) > pos else None)
-        return None if x is None or x.dtype == np.float32 else _fused_reason(x, method)
+        takes = _FUSED_F16 if method == "record_attention_views" else (np.float32,)
+        return None if x is None or x.dtype in takes else _fused_reason(x, method)
 
     # ---- loop primitives ----------------------------------------------------------------------------
     def record_scan(self, op: str, x: View, out: View, axis: int, exclusive: bool, reverse: bool) -> list[Step]:
@@ -238,6 +240,8 @@ class CpuBackend(ComputeBackend):
 
 # The fused calls' data input (keyword, position), whose dtype decides whether the call is taken.
 _FUSED_INPUT = {"record_norm": ("x", 1), "record_softmax": ("x", 0), "record_attention_views": ("q", 0)}
+# Fused attention also takes float16: computed in float32 and rounded once, as ONNX Runtime does.
+_FUSED_F16 = (np.float32, np.float16)
 
 
 def _fused_reason(x: View, what: str) -> str:

@@ -201,14 +201,16 @@ def _depthwise_numpy(xv: np.ndarray, wv: np.ndarray, dst: np.ndarray, kernel: tu
     span = p * ph_w
     windows = [flat[a, b, :, :, u * ph_w + v: u * ph_w + v + span] for (u, a), (v, b) in offsets]
     weights = wv.reshape(1, c, r * s)
-    acc, tmp = np.empty((n, c, span), xv.dtype), np.empty((n, c, span), xv.dtype)
+    # float16 sums in float32, as numpy's (and ONNX's reference) float16 products do; rounded once into dst.
+    work = np.float32 if xv.dtype == np.float16 else xv.dtype
+    acc, tmp = np.empty((n, c, span), work), np.empty((n, c, span), work)
     valid = acc.reshape(n, c, p, ph_w)[..., :q]
 
     def compute() -> None:
         for d, src in fills:
             np.copyto(d, src)
         for t, win in enumerate(windows):
-            tap = weights[..., t, None]
+            tap = weights[..., t, None].astype(work, copy=False)
             if t == 0:
                 np.multiply(win, tap, out=acc)
             else:

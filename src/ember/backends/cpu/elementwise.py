@@ -15,8 +15,12 @@ from .steps import Step
 
 def record_elementwise(expr: Expr, ins: list[np.ndarray], dst: np.ndarray) -> list[Step]:
     """dst = expr(ins): compiled to in-place ufunc calls where it is plain float arithmetic, else eval_numpy."""
-    float_dtype = next((a.dtype for a in ins if a.dtype.kind == "f"), dst.dtype if dst.dtype.kind == "f"
-                       else np.dtype(np.float32))
+    # The widest float of the inputs and the output: float16 data cast up into float32 work (a fused Cast) is
+    # computed in float32, as the graph says, not in the input's float16.
+    floats = [a.dtype for a in (*ins, dst) if a.dtype.kind == "f"]
+    float_dtype = max(floats, key=lambda d: d.itemsize) if floats else np.dtype(np.float32)
+    # (Not a gather's table: its loads pick a few elements of a whole input.)
+    narrow = [] if expr.indexed() else [i for i, a in enumerate(ins) if a.dtype.kind == "f" and a.dtype != float_dtype]
     int_dtype = next((a.dtype for a in ins if a.dtype.kind in "iu"), np.dtype(np.int64))
     if expr.indexed():
         int_dtype = np.dtype(np.int64)  # index arithmetic must not wrap in a narrow data dtype
@@ -26,7 +30,8 @@ def record_elementwise(expr: Expr, ins: list[np.ndarray], dst: np.ndarray) -> li
         return [fast]
 
     def step() -> None:
-        dst[...] = eval_numpy(expr, ins, float_dtype, int_dtype, shape)
+        args = [a.astype(float_dtype) if i in narrow else a for i, a in enumerate(ins)] if narrow else ins
+        dst[...] = eval_numpy(expr, args, float_dtype, int_dtype, shape)
 
     return [step]
 
