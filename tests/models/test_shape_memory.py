@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ember
+from ember.plan.live import LivePlan
 
 from . import encoders
 from .memory import rss_mb
@@ -61,20 +62,41 @@ def test_200_sequence_lengths_keep_plans_bounded_and_memory_flat_on_cpu() -> Non
     assert be.memory_info()["allocations"] < before
 
 
-def test_sequence_lengths_on_wgpu_keep_device_bytes_bounded() -> None:
+WGPU_LENGTHS = 200
+
+
+def test_sequence_lengths_on_wgpu_compile_nothing_after_the_first_and_keep_device_bytes_bounded() -> None:
+    """Every record call of the encoder takes runtime sizes on wgpu (the GEMMs' M, the norms' rows, attention's
+    query and key lengths): once the template's live plan exists, a new length compiles no pipeline and remakes
+    no record call, only writes the kernels' uniform sizes."""
     path = str(encoders.export())
     limit = 4 << 20
     model = ember.load_onnx(path, backend="wgpu", plan_cache_bytes=limit)
+    be = model.compute_backend
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     device: list[int] = []
-    for i, length in enumerate(_lengths(12)):
+    pipelines: list[int] = []
+    live: list[LivePlan] = []
+    for i, length in enumerate(_lengths(WGPU_LENGTHS)):
         feeds = encoders.BERT.feeds(1, length, seed=i)
-        np.testing.assert_allclose(model.run(feeds)["last_hidden_state"], sess.run(None, feeds)[0], rtol=1e-4,
-                                   atol=1e-4)
+        # The check traces each length the template serves and, on each live move, probes the record calls
+        # again and compares their sizes with the fitted ones.
+        with ember.settings.override(template_check=True):
+            got = model.run(feeds)["last_hidden_state"]
+        np.testing.assert_allclose(got, sess.run(None, feeds)[0], rtol=1e-4, atol=1e-4, err_msg=f"length {length}")
         device.append(model.cache_info()["bytes"] + model.cache_info()["weight_bytes"])
+        pipelines.append(be.pipelines_created)
+        for plan in model._families._live.values():
+            assert plan._fast and not plan._remake, f"length {length}: a move remakes record calls"
+            live.append(plan)
     info = model.cache_info()
-    assert info["builds"] == 3 and info["from_template"] == 9, info
+    assert info["builds"] == 3 and info["from_template"] == WGPU_LENGTHS - 3 and info["traces"] == 4, info
     assert info["bytes"] <= limit or info["plans"] == 1
+    # The lengths the template serves (the 4th on) compile only the runtime-sized kernels, once: the verifying
+    # trace's length makes the first live plan; every later length, on it or on the larger one made when a
+    # length did not fit, compiles nothing.
+    assert pipelines[-1] == pipelines[3], pipelines
+    assert len({id(p) for p in live}) <= 3 and max(p.moves for p in live) > WGPU_LENGTHS // 2
     # The device holds the weights once and the plans within the bound, whatever the number of lengths seen.
     assert max(device) <= limit + info["weight_bytes"] + max(device[0], 16 << 20)
     model.close()

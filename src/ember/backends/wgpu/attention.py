@@ -10,6 +10,10 @@ Tiles: a workgroup of GY x GX threads owns BQ = GY * RQ query rows and walks the
 each thread holds an RQ x RK register tile of scores and RQ rows of its head_dim chunks. The largest tile
 that fits the adapter's workgroup storage is taken (32 KiB on lavapipe, 48 KiB on NVIDIA); short queries
 (decoding, seq_q = 1) get few rows and wide key tiles.
+
+Runtime sizes (`runtime_sizes`, what a template's plans record): the key count, the views' strides and offsets and,
+where there is more than one query, the query count and the batch come from a uniform array, the query tile then
+picked for RUNTIME_QUERIES rows whatever the count (one kernel for every sequence length of an encoder).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
     from .backend import WgpuBackend
 
 MAX_HEAD_DIM = 256
+RUNTIME_QUERIES = 64  # the query count a runtime-sized kernel's tile is picked for: the largest tile's rows
 # (GY, GX, RQ, RK), best first: more rows and keys per thread reuse each workgroup-memory read more.
 TILES = [
     (16, 16, 4, 4), (16, 16, 4, 2), (16, 16, 2, 4), (16, 16, 2, 2), (16, 16, 2, 1), (16, 16, 1, 2),
@@ -242,8 +247,9 @@ class _Sizes:
 @kernel("record_attention_views")
 def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
                            causal: bool, runtime_sizes: bool = False) -> list[Any]:
-    """`runtime_sizes`: the key count, the views' strides and offsets in a uniform buffer, not in the source (one
-    pipeline for every past length of a decode)."""
+    """`runtime_sizes`: the key count, the views' strides and offsets, and (seq_q > 1) the query count and the
+    batch in a uniform buffer, not in the source (one pipeline for every past length of a decode, every sequence
+    length of an encoder)."""
     types = require_float("attention", q=q, k=k, v=v, mask=mask, out=out)
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("mask", mask)):
         if x is not None and len(x.shape) != 4:
@@ -294,7 +300,15 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
     qw, kw, vw = wins[:3]
     mw = wins[3] if mask is not None else None
     out = place(out, ow)
+    # A window's byte range moves with the views, and the bind group holds it, not the uniform: literal sizes then.
+    runtime_sizes = runtime_sizes and all(w is None for w in (ow, *wins))
     rt = _Sizes(runtime_sizes)
+    # A decode's single query stays a literal (its kernel as it was); more queries move with the sequence: the
+    # first value then counts the query rows the grid covers (resize.probe_sizes).
+    lift_q = runtime_sizes and seq_q > 1
+    if lift_q:
+        rt(batch * hq * seq_q)
+    sq, sql, nb = (rt(seq_q), rt(seq_q - 1), rt(batch)) if lift_q else (seq_q, seq_q - 1, batch)
     skv, skl = rt(seq_kv), rt(max(seq_kv - 1, 0))
 
     # One read-only binding per (buffer, range, element type); an input in the output's buffer reads through `o`
@@ -323,7 +337,7 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
     d4 = -(-d // 4)
     rs = d4 | 1
     limit = int(be.limits.get("max-compute-workgroup-storage-size", 16384))
-    gy, gx, rq, rk = pick_tile(seq_q, rs, limit)
+    gy, gx, rq, rk = pick_tile(RUNTIME_QUERIES if lift_q else seq_q, rs, limit)
     bq, bk = gy * rq, gx * rk
     vec_ps = rq == 4
     nc = -(-d4 // gx)
@@ -352,12 +366,18 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
     src = be.kernel_source(
         "attention", HEADER=header, BINDINGS="\n".join([*decls, *(
             [sizes_decl(len(reads) + 1, len(rt.values)), *rt.declarations()] if runtime_sizes else [])]),
-        SQ=seq_q, SQL=seq_q - 1,
+        SQ_DECL="" if lift_q else f"const SQ: u32 = {seq_q}u;",
+        SQL_DECL="// SQ, SQL, QBLOCKS, GROUPS: lets at the start of main (runtime sizes)" if lift_q else
+        f"const SQL: u32 = {seq_q - 1}u;  // the last query row (rows past it are clamped to it, then masked)",
         SKV_DECL="" if runtime_sizes else f"const SKV: u32 = {seq_kv}u;\nconst SKL: u32 = {max(seq_kv - 1, 0)}u;",
-        PROLOGUE=f"{rt.prologue()}\n    let SKV = {skv}u; let SKL = {skl}u;" if runtime_sizes else "",
+        PROLOGUE=f"{rt.prologue()}\n    let SKV = {skv}u; let SKL = {skl}u;" + (
+            f"\n    let SQ = {sq}u; let SQL = {sql}u; let QBLOCKS = (SQ + BQ - 1u) / BQ;"
+            f" let GROUPS = {nb}u * HQ * QBLOCKS;" if lift_q else "") if runtime_sizes else "",
+        QBLOCKS_DECL="" if lift_q else f"const QBLOCKS: u32 = {qblocks}u;",
+        GROUPS_DECL="" if lift_q else f"const GROUPS: u32 = {groups}u;",
         HQ=hq, REP=hq // hkv, D=d, D4=d4, RS=rs, GX=gx, BQ=bq,
         BQP=gy + 1 if vec_ps else bq | 1, BK=bk,
-        WG=gy * gx, QBLOCKS=qblocks, GROUPS=groups, SCALE=float_literal(scale),
+        WG=gy * gx, SCALE=float_literal(scale),
         QS_SIZE=bq * rs, KV_SIZE=bk * rs, RED_SIZE=bq * gx,
         PS_DECL=f"var<workgroup> ps: array<vec4<f32>, {bk * (gy + 1)}>;" if vec_ps else
         f"var<workgroup> ps: array<f32, {bk * (bq | 1)}>;",

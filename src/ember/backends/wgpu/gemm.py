@@ -7,7 +7,9 @@ optionally a warp-shaped thread layout and a K loop over pairs of tiles (Tile.wa
 tile's code shape). Operands are loaded in "quads" of four consecutive elements along their unit-stride dimension
 (vec4 loads when aligned, four scalar loads otherwise) by a loader (shader/loaders.py; conv brings an
 implicit-im2col one). Shapes and strides are baked in as constants, and every guard the shape needs (edge tiles,
-partial vec4s) is emitted, so every index is in range: the module can be trusted.
+partial vec4s) is emitted, so every index is in range: the module can be trusted. With runtime sizes (`rt`, a
+shader/lifted.py Sizes) M, Z and the strides and offsets that move with them come from a uniform array instead,
+the grid is linear and its workgroups past the problem's tiles return, and M is always guarded.
 
 `record_gemm_kernel` records it with a plan (tile, K splits) from the autotuner (plan_gemm's heuristic by
 default): when the output has too few tiles to fill the GPU, K is split into partial sums in a buffer of the
@@ -23,11 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from . import autotune
 from .program import WORKGROUPS_PER_DIM, grid_1d
+from .shader import tiles
 from .shader.bindings import Bindings
 from .shader.epilogue import Epilogue
+from .shader.lifted import Sizes, u32
 from .shader.loaders import Loader
 from .shader.tiles import Tile
-from .shader.wgsl import PRELUDE, log2, u32
+from .shader.wgsl import PRELUDE, log2
 
 if TYPE_CHECKING:
     from .backend import WgpuBackend
@@ -53,10 +57,11 @@ class GemmProblem:
     binds: Bindings
     notes: list[str] = field(default_factory=list)
     splits: int = 1
+    rt: Sizes | None = None  # runtime sizes: m and z (and the operands' strides) are Lifted
 
     def grid(self) -> tuple[tuple[int, int, int], bool]:
         tn, tm, zs = math.ceil(self.n / self.tile.bn), math.ceil(self.m / self.tile.bm), self.z * self.splits
-        if max(tn, tm, zs) <= WORKGROUPS_PER_DIM:
+        if max(tn, tm, zs) <= WORKGROUPS_PER_DIM and self.rt is None:
             return (tn, tm, zs), False
         return grid_1d(tn * tm * zs), True
 
@@ -64,6 +69,7 @@ class GemmProblem:
         t = self.tile
         (gx, gy, gz), linear = self.grid()
         tn, tm, zs = math.ceil(self.n / t.bn), math.ceil(self.m / t.bm), self.z * self.splits
+        rt = self.rt
         nt = math.ceil(self.k / t.bk)
         per = math.ceil(nt / self.splits)  # K tiles per split
         assert math.ceil(nt / per) == self.splits, (nt, per, self.splits)
@@ -79,7 +85,9 @@ class GemmProblem:
             *self.binds.comment(),
             f"// Dispatch grid: {(gx, gy, gz)} = " + (
                 f"(N tiles, M tiles, {zdesc})" if not linear
-                else f"{tn * tm * zs} workgroups linearised ({zdesc}, M tile, N tile)"),
+                else f"{tn * tm * zs} workgroups linearised ({zdesc}, M tile, N tile)") if rt is None else
+            "// Dispatch grid: grid_1d(workgroups) linearised (Z, M tile, N tile), M and Z read at run time (sz);"
+            " workgroups past the tiles return",
             *[f"// {n}" for n in self.notes],
             f"// {self.a.describe()}",
             f"// {self.b.describe()}",
@@ -93,7 +101,17 @@ class GemmProblem:
             "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,",
             "        @builtin(local_invocation_index) lid: u32) {",
         ]
-        if linear:
+        if rt is not None:  # splits == 1; the tile count from the M and Z read at run time
+            mt = f"(({u32(self.m)} + {u32(t.bm - 1)}) / {u32(t.bm)})"
+            lines += [
+                "    let wg = wid.y * nwg.x + wid.x;",
+                f"    let mn_tiles = {mt} * {u32(tn)};",
+                f"    if (wg >= mn_tiles * {u32(self.z)}) {{ return; }}",
+                "    let zs = wg / mn_tiles;",
+                f"    let tile_m = (wg % mn_tiles) / {u32(tn)};",
+                f"    let tile_n = wg % {u32(tn)};",
+            ]
+        elif linear:
             lines += [
                 "    let wg = wid.y * nwg.x + wid.x;",
                 f"    if (wg >= {u32(tn * tm * zs)}) {{ return; }}",
@@ -147,6 +165,8 @@ class GemmProblem:
                     col = f"col{h}" if j == 0 else f"col{h} + {u32(j)}"
                     lines.append(f"    epi(c{r}_{h}.{c}, {ez}, row{r}, {col});")
         lines.append("}")
+        if rt is not None:  # last: the loaders lift values (vec4 strides) while the body is written
+            lines.append(rt.declaration(len(self.binds.reads) + 1))
         return "\n".join(lines) + "\n"
 
     def _k_tile(self, stage: int | None, nxt: str, prefetch: bool) -> list[str]:
@@ -199,7 +219,10 @@ class GemmProblem:
         (gx, gy, gz), _ = self.grid()
         src = self.source()
         label = f"{self.name}:{self.tile}" + (f":split{self.splits}" if self.splits > 1 else "")
-        return [be.dispatch(be.pipeline(label, src), self.binds.buffers(), (gx, gy, gz), label)]
+        buffers = self.binds.buffers()
+        if self.rt is not None:
+            buffers[len(self.binds.reads) + 1] = self.rt.buffer(be)
+        return [be.dispatch(be.pipeline(label, src), buffers, (gx, gy, gz), label)]
 
 
 REDUCE_WORKGROUP = 256
@@ -212,21 +235,26 @@ EpilogueFactory = Callable[[Bindings, bool, bool], Epilogue]
 def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: int, out_handle: Any,
                        make_a: LoaderFactory, make_b: LoaderFactory, make_epilogue: EpilogueFactory,
                        notes: list[str], windows: dict[int, tuple[int, int]] | None = None,
-                       types: dict[Any, str] | None = None, plan: tuple[Tile, int] | None = None) -> list:
+                       types: dict[Any, str] | None = None, plan: tuple[Tile, int] | None = None,
+                       rt: Sizes | None = None) -> list:
     """Record the tiled kernel with `plan` = (tile, K splits), plus the split-K reduce kernel when K is split.
-    Without a plan, autotune.choose picks one (plan_gemm's heuristic, or a tuned choice; see autotune.py).
+    Without a plan, autotune.choose picks one (plan_gemm's heuristic, or a tuned choice; see autotune.py); with
+    runtime sizes (`rt`: m and z Lifted) tiles.plan_runtime, from N, K and Z only.
     `types`: WGSL storage type per handle (Bindings).
     `windows`: sub-ranges to bind of big allocations (Bindings); the loaders' offsets are relative to them."""
+    if plan is None and rt is not None:
+        plan = tiles.plan_runtime(be, n, k, int(z))
     if plan is None:
         plan = autotune.choose(be, name, m, n, k, z, out_handle, make_a, make_b, windows, lambda p: record_gemm_kernel(
             be, name, m, n, k, z, out_handle, make_a, make_b, make_epilogue, notes, windows, types, p), types=types)
     tile, splits = plan
-    guard_m, guard_n = m % tile.bm != 0, n % tile.bn != 0
+    guard_m, guard_n = rt is not None or m % tile.bm != 0, n % tile.bn != 0
     if splits == 1:
         binds = Bindings(out_handle, windows, types)
         la, lb = make_a(binds, tile), make_b(binds, tile)
         ep = make_epilogue(binds, guard_m, guard_n)
-        return GemmProblem(name, tile, m, n, k, z, la, lb, ep, binds, notes=notes).record(be)
+        return GemmProblem(name, tile, m, n, k, z, la, lb, ep, binds, notes=notes, rt=rt).record(be)
+    assert rt is None, "runtime sizes take no K splits (tiles.plan_runtime)"
     # Split K: partial sums part[s, z, m, n] in a buffer of the kernel's own, then out = epi(sum over s).
     total = z * m * n
     scratch = be.scratch("split-K partial sums", splits * total * 4)

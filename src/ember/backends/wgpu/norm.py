@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...core.view import View
-from .program import as_f32, from_f32, grid_1d, kernel, storage_type
+from .program import as_f32, from_f32, grid_1d, kernel, sizes_buffer, sizes_decl, storage_type
 from .shader.wgsl import PRELUDE, float_literal
 
 if TYPE_CHECKING:
@@ -45,25 +45,42 @@ HEADER = """\
 // so a large common offset such as 1e4 + noise loses nothing, where even an f32 mean would):
 //   m = mean(d), var = mean((d - m)²), out = (d - m) * inverseSqrt(var + EPS) * scale + bias.
 // rmsnorm: out = x * inverseSqrt(mean(x²) + EPS) * scale + bias."""
+# Runtime sizes: the row count and the offsets of x and out are not constants but values of a uniform array.
+RUNTIME_HEADER = """
+// Binding 4: sz (uniform): the row count ROWS, x's and out's offsets (runtime sizes, rows_source)."""
 
 
 def rows_source(be: WgpuBackend, header: str, funcs: str, consts: str, reductions: list[str], decls: str, n: int,
-                tx: int, ty: int, rows: int, cpl: int, subgroups: bool, x: View, out: View, body: list[str]) -> str:
-    """kernels/rows.wgsl filled in: the frame shared by the norm and softmax row kernels."""
+                tx: int, ty: int, rows: int, cpl: int, subgroups: bool, x: View, out: View, body: list[str],
+                sizes_binding: int | None = None) -> str:
+    """kernels/rows.wgsl filled in: the frame shared by the norm and softmax row kernels. `sizes_binding`: the
+    row count and the offsets of x and out read from a uniform array there (runtime_sizes: `runtime_values`)."""
+    if sizes_binding is None:
+        rows_decl, rows_n, x_off, out_off = f"const ROWS: u32 = {rows}u;", "ROWS", f"{x.offset}u", f"{out.offset}u"
+    else:
+        rows_decl, rows_n, x_off, out_off = sizes_decl(sizes_binding, 3), "u32(sz[0][0])", "u32(sz[0][1])", \
+            "u32(sz[0][2])"
     return be.kernel_source(
-        "rows", HEADER=header, PRELUDE=PRELUDE, FUNCS=funcs, BINDINGS=decls, N=n, TX=tx, TY=ty, ROWS=rows,
-        CPL=cpl, CONSTS=consts, WG=tx * ty, REDUCTIONS="\n\n".join(reductions), COMPENSATED_SUM=COMPENSATED_SUM,
-        SG_ARGS=", @builtin(subgroup_size) sg: u32" if subgroups else "", X_OFF=x.offset, OUT_OFF=out.offset,
-        BODY="\n".join(body))
+        "rows", HEADER=header, PRELUDE=PRELUDE, FUNCS=funcs, BINDINGS=decls, N=n, TX=tx, TY=ty, ROWS_DECL=rows_decl,
+        ROWS=rows_n, CPL=cpl, CONSTS=consts, WG=tx * ty, REDUCTIONS="\n\n".join(reductions),
+        COMPENSATED_SUM=COMPENSATED_SUM, SG_ARGS=", @builtin(subgroup_size) sg: u32" if subgroups else "",
+        X_OFF=x_off, OUT_OFF=out_off, BODY="\n".join(body))
+
+
+def runtime_values(rows: int, x: View, out: View) -> list[int]:
+    """What rows_source(sizes_binding=...) reads: the rows first (the work the grid grows with)."""
+    return [rows, x.offset, out.offset]
 
 
 def _pow2ceil(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def launch(be: WgpuBackend, n: int, rows: int) -> tuple[int, int, int]:
+def launch(be: WgpuBackend, n: int, rows: int | None) -> tuple[int, int, int]:
     """(TX rows per workgroup, TY lanes per row, CPL elements per lane) for rows of n elements. Long rows get up
-    to 1,024 lanes (where the device allows), for more loads in flight per row."""
+    to 1,024 lanes (where the device allows), for more loads in flight per row. rows None: a row count read at
+    run time, so TX takes no account of it (one kernel for every count)."""
+    rows = WG_MAX if rows is None else rows
     lanes = WG_MAX
     if n >= LONG_ROW:
         lanes = max(WG_MAX, min(1024, int(be.limits.get("max-compute-invocations-per-workgroup", WG_MAX)),
@@ -218,7 +235,9 @@ def _elem(reads: Reads, name: str, off: int, stride: int) -> str:
 
 @kernel("record_norm")
 def record_norm(be: WgpuBackend, kind: str, x: View, scale: View | None, bias: View | None, out: View, n: int,
-                eps: float) -> list[Any]:
+                eps: float, runtime_sizes: bool = False) -> list[Any]:
+    """`runtime_sizes`: the row count and the offsets of x and out in a uniform buffer, not in the source (one
+    pipeline for every sequence length; the row length n is the model's)."""
     if kind not in KINDS:
         raise ValueError(f"kind: unknown norm {kind!r}; valid: {', '.join(KINDS)}")
     rows = check_rows(x, out, n)
@@ -235,7 +254,7 @@ def record_norm(be: WgpuBackend, kind: str, x: View, scale: View | None, bias: V
         y = f"{y} + {_elem(reads, reads.add(2, 'bias', bias, in_place_ok=False), off, st)}"
     decls, handles = reads.bindings()
 
-    tx, ty, cpl = launch(be, n, rows)
+    tx, ty, cpl = launch(be, n, None if runtime_sizes else rows)
     subgroups = USE_SUBGROUPS and "subgroup" in be.features and ty > 1
     cached = cpl <= CACHE_MAX
     load = "c[j]" if cached else reads.get(xname, "xb + i")
@@ -257,7 +276,10 @@ def record_norm(be: WgpuBackend, kind: str, x: View, scale: View | None, bias: V
 
     consts = (f"const NF: f32 = {float_literal(float(n))};  // N as f32\n"
               f"const EPS: f32 = {float_literal(eps)};")
-    src = rows_source(be, HEADER, "", consts, [lane_reduce("row_sum", "a + b", ty, subgroups)], decls, n, tx, ty,
-                      rows, cpl, subgroups, x, out, body)
+    header = HEADER + RUNTIME_HEADER if runtime_sizes else HEADER
+    src = rows_source(be, header, "", consts, [lane_reduce("row_sum", "a + b", ty, subgroups)], decls, n, tx, ty,
+                      rows, cpl, subgroups, x, out, body, 4 if runtime_sizes else None)
+    if runtime_sizes:
+        handles = {**handles, 4: sizes_buffer(be, runtime_values(rows, x, out))}
     label = f"norm:{kind}"
     return [be.dispatch(be.pipeline(label, src), handles, grid_1d(-(-rows // tx)), label)]

@@ -24,9 +24,9 @@ fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }
 
 ${BINDINGS}
 
-const SQ: u32 = ${SQ}u;
+${SQ_DECL}
 ${SKV_DECL}
-const SQL: u32 = ${SQL}u;  // the last query row (rows past it are clamped to it, then masked)
+${SQL_DECL}
 // SKL: the last key (0 when there are none: no key tile is loaded then). SKV and SKL are constants here, or, with
 // runtime sizes, lets at the start of main read (with the views' strides and offsets) from the uniform array sz.
 const HQ: u32 = ${HQ}u;  // query heads
@@ -39,8 +39,8 @@ const BQ: u32 = ${BQ}u;  // query rows per workgroup
 const BQP: u32 = ${BQP}u;  // row stride of ps, padded (in f32s, or in vec4s of 4 rows when RQ = 4)
 const BK: u32 = ${BK}u;  // keys per tile
 const WG: u32 = ${WG}u;
-const QBLOCKS: u32 = ${QBLOCKS}u;
-const GROUPS: u32 = ${GROUPS}u;
+${QBLOCKS_DECL}
+${GROUPS_DECL}
 const SCALE: f32 = ${SCALE};
 
 var<workgroup> qs: array<vec4<f32>, ${QS_SIZE}>;

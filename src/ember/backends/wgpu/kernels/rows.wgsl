@@ -17,7 +17,7 @@ ${BINDINGS}
 const N: u32 = ${N}u;  // row length
 const TX: u32 = ${TX}u;  // rows per workgroup
 const TY: u32 = ${TY}u;  // lanes per row
-const ROWS: u32 = ${ROWS}u;
+${ROWS_DECL}
 const CPL: u32 = ${CPL}u;  // elements per lane, ceil(N / TY)
 ${CONSTS}
 
@@ -33,9 +33,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let tx = lid / TY;
     let ty = lid % TY;
     let row_raw = (wid.y * nwg.x + wid.x) * TX + tx;
-    let valid = row_raw < ROWS;
+    let valid = row_raw < ${ROWS};
     let row = select(0u, row_raw, valid);
-    let xb = ${X_OFF}u + row * N;
-    let ob = ${OUT_OFF}u + row * N;
+    let xb = ${X_OFF} + row * N;
+    let ob = ${OUT_OFF} + row * N;
 ${BODY}
 }

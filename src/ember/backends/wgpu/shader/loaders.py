@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .bindings import Bindings
+from .lifted import Lifted, addr, quarter, u32
 from .tiles import Tile
-from .wgsl import addr, log2, u32
+from .wgsl import log2
 
 
 class Loader:
@@ -35,7 +36,8 @@ class Loader:
 
 @dataclass
 class StridedLoader(Loader):
-    """Operand element (z, x, k) at off + z*sz + x*sx + k*sk, of extent X x K. Quads run along `quad` ('x'/'k')."""
+    """Operand element (z, x, k) at off + z*sz + x*sx + k*sk, of extent X x K. Quads run along `quad` ('x'/'k').
+    Any of off, sz, sx and x_size may be Lifted (read at run time): the edge guards along X are then always there."""
 
     prefix: str
     tile_x: int
@@ -77,7 +79,7 @@ class StridedLoader(Loader):
 
     def load(self, tile: Tile, k0: str) -> list[str]:
         p, binds = self.prefix, self.binds
-        guard_x = self.x_size % self.tile_x != 0
+        guard_x = isinstance(self.x_size, Lifted) or self.x_size % self.tile_x != 0
         guard_k = self.k_size % tile.bk != 0
         lines = []
         for q in range(self.quads(tile)):
@@ -91,15 +93,18 @@ class StridedLoader(Loader):
                 lines.append(f"        if ({' && '.join(conds)}) {{")
                 ind = "            "
             along, along_size = (xv, self.x_size) if self.quad == "x" else (kv, self.k_size)
+            partial = isinstance(along_size, Lifted) or along_size % 4 != 0  # a quad may cross the edge
             if self.vec4:
                 # Aligned: the quad's first element is in range, so the whole vec4 lies in the (16-byte padded)
                 # buffer; components past the edge are masked to zero.
                 if self.quad == "x":
-                    idx = addr(self.off // 4, [("z", self.sz // 4), (f"({xv} >> 2u)", 1), (kv, self.sk // 4)])
+                    idx = addr(quarter(self.off), [("z", quarter(self.sz)), (f"({xv} >> 2u)", 1),
+                                                   (kv, quarter(self.sk))])
                 else:
-                    idx = addr(self.off // 4, [("z", self.sz // 4), (xv, self.sx // 4), (f"({kv} >> 2u)", 1)])
+                    idx = addr(quarter(self.off), [("z", quarter(self.sz)), (xv, quarter(self.sx)),
+                                                   (f"({kv} >> 2u)", 1)])
                 lines.append(f"{ind}{reg} = {binds.quad(self.handle, idx)};")
-                if along_size % 4:
+                if partial:
                     lines.append(f"{ind}{reg} = select(vec4<f32>(0.0), {reg}, vec4<u32>({along}) + "
                                  f"vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>({u32(along_size)}));")
             else:
@@ -109,7 +114,7 @@ class StridedLoader(Loader):
                 for i, c in enumerate("xyzw"):
                     e = base if i == 0 else (f"{base} + {u32(i * step)}" if step >= 0 else f"{base} - {u32(-i * step)}")
                     load = f"{reg}.{c} = {binds.scalar(self.handle, e)};"
-                    if along_size % 4 and i:
+                    if partial and i:
                         lines.append(f"{ind}if ({along} + {u32(i)} < {u32(along_size)}) {{ {load} }}")
                     else:
                         lines.append(f"{ind}{load}")

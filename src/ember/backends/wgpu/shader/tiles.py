@@ -107,3 +107,20 @@ def split_count(k: int, tile: Tile, splits: int) -> int:
     """The number of non-empty splits when K's tiles are dealt out evenly over at most `splits`."""
     nt = math.ceil(k / tile.bk)
     return math.ceil(nt / math.ceil(nt / splits))
+
+
+# Runtime sizes (M read from a uniform, resize.probe_sizes): one kernel for every M of a template, so the tile must
+# not move with M. A live plan (ember/plan/live.py) keeps one kernel over its whole range of lengths, in both
+# directions, and its check probes every length it moves to: a tile that changed at some M would be a different
+# kernel there. So M has one class, planned as RUNTIME_M rows, with no K splits (their partial-sum buffer would
+# be sized by M).
+RUNTIME_M = 1024
+
+
+def plan_runtime(be: WgpuBackend, n: int, k: int, z: int) -> tuple[Tile, int]:
+    """(tile, 1) for Z products of (M x K) @ (K x N) whose M is read at run time: plan_gemm's tile at RUNTIME_M
+    rows; where it would split K, the tile it splits, or the 32 x 32 one where that leaves the GPU idle."""
+    tile, splits = plan_gemm(be, RUNTIME_M, n, k, z)
+    if splits > 1 and math.ceil(RUNTIME_M / tile.bm) * math.ceil(n / tile.bn) * z < SMALL_BELOW:
+        tile = TILES["small"]
+    return tile, 1
