@@ -218,13 +218,21 @@ def test_profile_labels_nodes(conv_model, backend_name) -> None:
 
 
 def test_wgpu_refuses_float64_instead_of_falling_back() -> None:
+    """float64 with a double-float kernel runs on wgpu; one without (Sin) is refused at load, naming float64,
+    rather than computed in float32 or on the host."""
     if "wgpu" not in ember.available_backends():
         pytest.fail("the wgpu backend must be available to the test suite")
-    model = make_model([helper.make_node("Add", ["a", "a"], ["y"])], [vi("a", [3], TensorProto.DOUBLE)],
-                       [vi("y", [3], TensorProto.DOUBLE)])
-    np.testing.assert_array_equal(ember.load_onnx(model, backend="cpu").run({"a": np.ones(3)})["y"], 2 * np.ones(3))
+    add = make_model([helper.make_node("Add", ["a", "a"], ["y"])], [vi("a", [3], TensorProto.DOUBLE)],
+                     [vi("y", [3], TensorProto.DOUBLE)])
+    x = np.array([1.0, 1 + 2.0**-40, -3.5])
+    for backend in ("cpu", "wgpu"):
+        got = ember.load_onnx(add, backend=backend).run({"a": x})["y"]
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, 2 * x)  # 1 + 2^-40 needs more than float32's 24 bits
+    sin = make_model([helper.make_node("Sin", ["a"], ["y"])], [vi("a", [3], TensorProto.DOUBLE)],
+                     [vi("y", [3], TensorProto.DOUBLE)])
     with pytest.raises(NotImplementedError, match="float64"):
-        ember.load_onnx(model, backend="wgpu")
+        ember.load_onnx(sin, backend="wgpu")
 
 
 def test_static_feeds_fast_path_keeps_the_contract(backend_name) -> None:

@@ -18,6 +18,7 @@ from . import (  # noqa: F401  (each registers its kernels in program.KERNELS)
     gather,
     loops,
     matmul,
+    matmul_df64,
     matmul_nbits,
     norm,
     pool,

@@ -28,7 +28,7 @@ from ...core.expr import Expr
 from ...core.view import View
 from ..base import ComputeBackend, OutOfMemoryError
 from . import device as dev
-from . import encode, timing
+from . import encode, program, timing
 from .program import BUFFER_ALIGN, KERNELS, NUMPY_STORAGE, WORKGROUPS_PER_DIM, Copy, Dispatch, Replay, storage_type
 
 # WGSL that uses f16 and so needs `enable f16;` (WgpuBackend.pipeline adds it).
@@ -248,14 +248,7 @@ class WgpuBackend(ComputeBackend):
 
     def upload(self, handle: int, array: np.ndarray) -> None:
         """Write a logical-dtype array, converting to the device's storage type."""
-        st = NUMPY_STORAGE[storage_type(array.dtype)]
-        if array.dtype != st:
-            if array.dtype.kind in "iu" and array.size:
-                lo, hi = int(array.min()), int(array.max())
-                if lo < -(2**31) or hi >= 2**31:
-                    raise ValueError(f"wgpu backend: integer tensor values [{lo}, {hi}] do not fit in int32")
-            array = array.astype(st)
-        self._device_write(handle, 0, memoryview(np.ascontiguousarray(array)).cast("B"))
+        self._device_write(handle, 0, memoryview(np.ascontiguousarray(program.to_storage(array))).cast("B"))
 
     def download(self, view: View) -> np.ndarray:
         st = NUMPY_STORAGE[storage_type(view.dtype)]
@@ -265,7 +258,7 @@ class WgpuBackend(ComputeBackend):
         if n == 0:
             return np.empty(view.shape, view.dtype)
         raw = np.frombuffer(self._device_read(view.handle, view.offset * st.itemsize, n * st.itemsize), st)
-        return raw.reshape(view.shape).astype(view.dtype)
+        return program.from_storage(raw, view.dtype).reshape(view.shape)
 
     def record_readback(self, view: View) -> tuple[list, Any]:
         """A persistent MAP_READ staging buffer: the copy rides in the run's command buffer, so reading the
@@ -285,7 +278,7 @@ class WgpuBackend(ComputeBackend):
             if view.size == 0:
                 return np.empty(view.shape, view.dtype)
             raw = np.frombuffer(self._map_read(staging, size), st)[: view.size]
-            return raw.reshape(view.shape).astype(view.dtype)
+            return program.from_storage(raw, view.dtype).reshape(view.shape)
 
         return steps, read
 
@@ -520,8 +513,8 @@ class WgpuBackend(ComputeBackend):
             lib.wgpuBufferUnmap(buf)
 
     # ---- primitives: the ComputeBackend methods, each forwarded to the kernel registered under its name -------
-    # Record methods that take runtime_sizes=True (sizes in a uniform buffer, not in the kernel's source).
-    RUNTIME_SIZES = frozenset({"record_elementwise", "record_gather", "record_attention_views"})
+    RUNTIME_SIZES = frozenset({"record_elementwise", "record_gather", "record_attention_views", "record_matmul",
+                               "record_norm"})  # sizes in a uniform buffer, not in the kernel's source
 
     def record_elementwise(self, expr: Expr, inputs: list[View], out: View, runtime_sizes: bool = False) -> list:
         return KERNELS["record_elementwise"](self, expr, inputs, out, runtime_sizes)
@@ -539,16 +532,16 @@ class WgpuBackend(ComputeBackend):
         return self.device.create_buffer_with_data(data=data, usage=usage)
 
     def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
-                      beta: float = 1.0, act: Expr | None = None) -> list:
-        return KERNELS["record_matmul"](self, a, b, out, alpha=alpha, bias=bias, beta=beta, act=act)
+                      beta: float = 1.0, act: Expr | None = None, runtime_sizes: bool = False) -> list:
+        return KERNELS["record_matmul"](self, a, b, out, alpha=alpha, bias=bias, beta=beta, act=act,
+                                        runtime_sizes=runtime_sizes)
 
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,
                     act: Expr | None = None, residual: View | None = None, const_weight: bool = False) -> list:
         return KERNELS["record_conv"](self, x, w, bias, out, stride, pads, dilation, groups, act, residual)
 
-    # Winograd F(2, 3) and F(4, 3) for 3x3 stride-1 convs (winograd.py: kernels and scratch; winograd_cost.py: the
-    # cost model).
+    # Winograd F(2, 3) and F(4, 3) for 3x3 stride-1 convs (winograd.py: kernels, scratch; winograd_cost.py: costs).
     winograd_tiles = (2, 4)
 
     def winograd_tile(self, n: int, c: int, k: int, p: int, q: int, dtype: Any) -> int | None:
@@ -574,8 +567,8 @@ class WgpuBackend(ComputeBackend):
         return KERNELS["record_attention_views"](self, q, k, v, mask, out, scale, causal, runtime_sizes)
 
     def record_norm(self, kind: str, x: View, scale: View | None, bias: View | None, out: View, n: int,
-                    eps: float) -> list:
-        return KERNELS["record_norm"](self, kind, x, scale, bias, out, n, eps)
+                    eps: float, runtime_sizes: bool = False) -> list:
+        return KERNELS["record_norm"](self, kind, x, scale, bias, out, n, eps, runtime_sizes)
 
     def record_softmax(self, x: View, out: View, n: int, log: bool) -> list:
         return KERNELS["record_softmax"](self, x, out, n, log)

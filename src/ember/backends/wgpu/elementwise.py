@@ -3,7 +3,7 @@
 Shapes and strides are baked into the source as constants (dims merged where every operand is
 contiguous across them), so the common same-shape case indexes with the thread id alone and the
 compiler turns the remaining divisions by constants into multiplies. The expression itself goes through the
-shader library's emitter (shader/emit.py).
+shader library's emitter (shader/emit.py); float64 operands compute in double-float there (kernels/df64.wgsl).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 from ...core.expr import BOOL, FLOAT, INT, Expr
 from ...core.view import View
-from .program import as_f32, grid_1d, kernel, sizes_buffer, sizes_decl, storage_type
+from .program import DF64, as_f32, df64_library, grid_1d, kernel, sizes_buffer, sizes_decl, storage_type
 from .shader.emit import ExprEmitter
 from .shader.wgsl import PRELUDE
 
@@ -94,7 +94,9 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
         out_ss, in_ss = ss[0], ss[1:]
     linear = list(View.contiguous(0, np.float32, tuple(dims)).strides)
     out_plain = out_ss == linear
-    body = [f"    let gid = (wid.y * nwg.x + wid.x) * {WORKGROUP}u + lid.x;",
+    df64 = DF64 in in_types or out_type == DF64
+    body = ["    df_init(nwg);"] if df64 else []
+    body += [f"    let gid = (wid.y * nwg.x + wid.x) * {WORKGROUP}u + lid.x;",
             f"    if (gid >= {sz.u(total)}) {{ return; }}"]
     # Coordinates only when some operand is not addressed by the output's linear index.
     plain = [st == linear or i not in direct for i, st in enumerate(in_ss)]
@@ -127,13 +129,14 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
             raise ValueError("record_elementwise: an input read by load must not alias the output")
         assert in_shapes is not None, "load needs the input shapes"
         if math.prod(in_shapes[i]) == 0:
-            return {"f32": "0.0", "f16": "0.0", "i32": "0i", "u32": "false"}[in_types[i]]  # nothing to read
+            return {"f32": "0.0", "f16": "0.0", "i32": "0i", "u32": "false", DF64: "df(0.0)"}[in_types[i]]  # none
         terms = [f"clamp({a}, 0i, {sz.i(max(n - 1, 0))}) * {sz.i(st)}" for a, n, st in
                  zip(idx, in_shapes[i], in_strides[i], strict=True) if n > 1 and st != 0]
         raw = f"in{i}[u32({' + '.join([sz.i(in_offsets[i]), *terms])})]"
         return _widen(raw, in_types[i])
 
-    em = ExprEmitter(loads, gather)
+    df_inputs = frozenset(i for i, t in enumerate(in_types) if t == DF64)
+    em = ExprEmitter(loads, gather, df_inputs)
     if lifted is not None:  # integer literals too (a position offset in an index expression moves with the dims)
         literal = em.leaf
 
@@ -145,7 +148,12 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
         em.leaf = leaf  # type: ignore[method-assign]
     value = em.emit(expr)
     body.extend(em.lines)
-    if out_type == "u32":
+    if out_type == DF64:
+        value = em.as_df(expr)
+    elif em.is_df(expr):  # a df64 result stored narrower: hi is the f32 rounding; f16 rounds from the pair
+        value = {"f32": f"{value}.x", "f16": f"f16(unpack2x16float(df_to_f16_bits({value})).x)",
+                 "i32": f"df_to_i32({value})", "u32": f"select(0u, 1u, {value}.x != 0.0)"}[out_type]
+    elif out_type == "u32":
         value = f"select(0u, 1u, {value})"
     elif expr.kind == BOOL:
         value = f"{out_type}(select(0, 1, {value}))"
@@ -162,7 +170,7 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
     if lifted is not None:
         decls.append(sizes_decl(nbind + 1, len(lifted)))
     return "\n".join([
-        PRELUDE,
+        PRELUDE + (df64_library() if df64 else ""),
         *decls,
         f"@group(0) @binding({nbind}) var<storage, read_write> out: array<{out_type}>;",
         f"@compute @workgroup_size({WORKGROUP})",

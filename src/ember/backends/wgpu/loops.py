@@ -7,14 +7,15 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ...core.view import View
-from .program import grid_1d, kernel, storage_type
+from .program import DF64, df64_library, grid_1d, kernel, storage_type
+from .shader.wgsl import PRELUDE
 
 if TYPE_CHECKING:
     from .backend import WgpuBackend
 
 # f16 lines (float16 models) run in f16 like numpy's float16 cumsum; precision="f16" plans keep these ops in f32.
 _IDENT = {("sum", "f32"): "0.0", ("sum", "f16"): "0.0", ("sum", "i32"): "0i", ("prod", "f32"): "1.0",
-          ("prod", "f16"): "1.0", ("prod", "i32"): "1i"}
+          ("prod", "f16"): "1.0", ("prod", "i32"): "1i", ("sum", DF64): "df(0.0)", ("prod", DF64): "df(1.0)"}
 _COMBINE = {"none": "v", "add": "cur + v", "mul": "cur * v", "max": "max(cur, v)", "min": "min(cur, v)"}
 
 
@@ -22,10 +23,13 @@ def _lines(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
 
 
-def _numeric(dtype: Any, what: str) -> str:
+def _numeric(dtype: Any, what: str, df64: bool = False) -> str:
+    """The storage type of a scan/topk operand; float64 (double-float) only where the kernel has df64 math."""
     t = storage_type(dtype)
     if t == "u32":
         raise NotImplementedError(f"wgpu {what}: bool tensors are not supported")
+    if t == DF64 and not df64:
+        raise NotImplementedError(f"wgpu {what}: float64 tensors are not supported (no double-float kernel)")
     return t
 
 
@@ -34,12 +38,16 @@ def record_scan(be: WgpuBackend, op: str, x: View, out: View, axis: int, exclusi
                 ) -> list[Any]:
     if not (x.is_contiguous() and out.is_contiguous()):
         raise ValueError("wgpu scan: views must be contiguous")
-    t = _numeric(x.dtype, "scan")
+    t = _numeric(x.dtype, "scan", df64=True)
     outer, n, inner = _lines(x.shape, axis)
     if outer * n * inner == 0:
         return []
+    combine = ("df_add(acc, v)" if op == "sum" else "df_mul(acc, v)") if t == DF64 else \
+        ("acc + v" if op == "sum" else "acc * v")
     src = be.kernel_source("scan", T=t, LINES=outer * inner, N=n, INNER=inner, IDENT=_IDENT[op, t],
-                             COMBINE="acc + v" if op == "sum" else "acc * v", EXCLUSIVE=str(exclusive).lower(),
+                             LIBRARY=PRELUDE + df64_library() if t == DF64 else "",
+                             INIT="    df_init(nwg);" if t == DF64 else "",
+                             COMBINE=combine, EXCLUSIVE=str(exclusive).lower(),
                              REVERSE=str(reverse).lower(), X_OFF=x.offset, O_OFF=out.offset)
     pipeline = be.pipeline(f"scan:{op}", src)
     return [be.dispatch(pipeline, [x.handle, out.handle], grid_1d(-(-(outer * inner) // 256)), f"scan:{op}")]
@@ -69,8 +77,8 @@ def record_scatter(be: WgpuBackend, out: View, offsets: View, updates: View, red
     m = updates.size
     if m == 0 or out.size == 0:
         return []
-    if t == "u32" and reduction != "none":
-        raise NotImplementedError("wgpu scatter: reductions over bool tensors are not supported")
+    if t in ("u32", DF64) and reduction != "none":
+        raise NotImplementedError(f"wgpu scatter: reductions over {out.dtype} tensors are not supported")
     serial = reduction != "none"
     src = be.kernel_source("scatter", T=t, M=m, SIZE=out.size, COMBINE=_COMBINE[reduction],
                              SERIAL=str(serial).lower(), OUT_OFF=out.offset, OFF_OFF=offsets.offset,

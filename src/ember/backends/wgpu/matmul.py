@@ -12,6 +12,12 @@ arena) is read through the read_write output binding, since WebGPU forbids bindi
 and writable in one dispatch. A buffer above the adapter's max storage-buffer binding size is bound as the
 aligned byte range its views touch (shader/bindings.py); a problem needing more than that is split (see
 record_split).
+
+With `runtime_sizes` the generated GEMM reads M, Z and the strides and offsets along them (A's rows, the
+output's, bias's and residual's) from a uniform array (shader/lifted.py), its tile chosen without M
+(tiles.plan_runtime): one pipeline for every sequence length of a template. N, K and the strides along them
+stay in the source (they decide the loads' shape), as does everything on the strided kernel's and the windowed
+paths: another length there is another kernel, and a live plan remakes that call.
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ from typing import TYPE_CHECKING
 from ...core.expr import Expr
 from ...core.view import View
 from .gemm import record_gemm_kernel
-from .program import WORKGROUPS_PER_DIM, grid_1d, kernel
+from .program import KERNELS, WORKGROUPS_PER_DIM, grid_1d, kernel
 from .shader.bindings import Bindings, binding_windows, check_no_overlap, check_view, rebase_view, require_float
 from .shader.epilogue import Epilogue
+from .shader.lifted import Sizes, addr, u32
 from .shader.loaders import Loader, strided_loader
 from .shader.tiles import Tile
-from .shader.wgsl import PRELUDE, addr, u32
+from .shader.wgsl import PRELUDE
 
 if TYPE_CHECKING:
     from .backend import WgpuBackend
@@ -146,9 +153,13 @@ def record_split(be: WgpuBackend, a: View, b: View, out: View, bias: View | None
 # ---- entry point ---------------------------------------------------------------------------------------------
 @kernel("record_matmul")
 def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
-                  beta: float = 1.0, act: Expr | None = None, residual: View | None = None) -> list:
+                  beta: float = 1.0, act: Expr | None = None, residual: View | None = None,
+                  runtime_sizes: bool = False) -> list:
     """out = act(alpha * a @ b + beta * bias + residual); `residual` (a residual connection) is read-only and must
-    not overlap out."""
+    not overlap out. `runtime_sizes`: M, Z and the strides along them from a uniform (the module docstring)."""
+    if a.dtype == "float64":  # double-float: a kernel of its own (matmul_df64.py)
+        return KERNELS["record_matmul_df64"](be, a, b, out, alpha=alpha, bias=bias, beta=beta, act=act,
+                                             residual=residual)
     types = require_float("matmul", a=a, b=b, out=out, bias=bias, residual=residual)
     for name, v in (("a", a), ("b", b), ("out", out)):
         if len(v.shape) != 3:
@@ -212,8 +223,17 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
                 binds.add(v.handle, False)
         return matmul_epilogue(out, bias, alpha, beta, act, m, n, guard_m, guard_n, residual)
 
-    notes = [f"A {a.shape} strides {a.strides}, B {b.shape} strides {b.strides}"]
+    rt = None
+    if runtime_sizes and not windows:  # a window's byte range moves with the views, and no uniform holds it
+        rt = Sizes()
+        rt(nb * m)  # first: the output rows doing work, which the grid grows with (resize.probe_sizes)
+        m, nb = rt(m), rt(nb)
+        a, out, bias, residual = (rt.view(v, (0, 1)) for v in (a, out, bias, residual))
+        b = rt.view(b, (0,))
+    assert a is not None and b is not None and out is not None
+    shapes = f"A {a.shape} strides {a.strides}, B {b.shape}" if rt is None else f"A (Z, M, {k}) strides {a.strides}, B"
+    notes = [f"{shapes} strides {b.strides}"]
     notes += [f"{len(windows)} operand(s) bound as windows of larger buffers"] if windows else []
     return record_gemm_kernel(be, "matmul", m, n, k, nb, out.handle, make_a, make_b, make_epilogue, notes, windows,
-                              types)
+                              types, rt=rt)
 

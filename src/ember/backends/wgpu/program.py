@@ -3,8 +3,9 @@
 - Step types: a recorded `Dispatch` (pipeline, bind group, grid) or buffer `Copy`, and `Replay`, steps resolved
   to wgpu-native handles for the replay loop (WgpuBackend.prepare).
 - Grids: `grid_1d` spreads a linear workgroup count over x and y (WORKGROUPS_PER_DIM each).
-- Storage types: the WGSL element type a logical dtype is stored as (`storage_type`, NUMPY_STORAGE) and the
-  f16 <-> f32 casts around loads and stores (`as_f32`, `from_f32`).
+- Storage types: the WGSL element type a logical dtype is stored as (`storage_type`, NUMPY_STORAGE), the
+  host's conversions to and from it (`to_storage`, `from_storage`) and the f16 <-> f32 casts around loads and
+  stores (`as_f32`, `from_f32`). float64 is double-float (DF64: a vec2<f32> (hi, lo), kernels/df64.wgsl).
 - The kernel table: kernel modules register their record functions by name (`@kernel("record_matmul")`), and
   WgpuBackend's ComputeBackend methods look them up in KERNELS, so the backend imports no kernel module and no
   kernel module imports the backend (the package's __init__ imports both, which fills the table).
@@ -14,7 +15,9 @@ Nothing here imports another module of the package.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from importlib import resources
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -83,11 +86,18 @@ def sizes_decl(binding: int, count: int) -> str:
 
 
 # ---- storage types ------------------------------------------------------------------------------------------
+# float64 as double-float: two f32 words (hi, lo), hi = f32(x) rounded to nearest, lo = f32(x - hi); 8 bytes an
+# element, as in IEEE float64. ~2^-48 relative precision with f32's exponent range (kernels/df64.wgsl).
+DF64 = "vec2<f32>"
+
+
 def storage_type(dtype: np.dtype) -> str:
     """The WGSL element type a logical dtype is stored as on the device."""
     kind = np.dtype(dtype).kind
     if kind == "f":
-        if np.dtype(dtype).itemsize > 4:
+        if np.dtype(dtype).itemsize == 8:
+            return DF64
+        if np.dtype(dtype).itemsize > 8:
             raise NotImplementedError(f"wgpu backend: {np.dtype(dtype).name} tensors are not supported on the GPU")
         # float16 is stored as WGSL f16 (kernels compute in f32): needs the adapter's shader-f16 feature.
         return "f16" if np.dtype(dtype).itemsize == 2 else "f32"
@@ -99,7 +109,49 @@ def storage_type(dtype: np.dtype) -> str:
 
 
 NUMPY_STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "i32": np.dtype(np.int32),
-                 "u32": np.dtype(np.uint32)}
+                 "u32": np.dtype(np.uint32), DF64: np.dtype([("hi", np.float32), ("lo", np.float32)])}
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def to_storage(array: np.ndarray) -> np.ndarray:
+    """A logical-dtype array as its device storage holds it: ints checked to fit int32, float64 split into
+    (hi, lo) f32 pairs (a finite value past f32's range is a ValueError, not inf)."""
+    st = NUMPY_STORAGE[storage_type(array.dtype)]
+    if array.dtype == st:
+        return array
+    if array.dtype.kind in "iu" and array.size:
+        lo, hi = int(array.min()), int(array.max())
+        if lo < -(2**31) or hi >= 2**31:
+            raise ValueError(f"wgpu backend: integer tensor values [{lo}, {hi}] do not fit in int32")
+    if st.names is None:
+        return array.astype(st)
+    x = np.asarray(array, np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        hi = x.astype(np.float32)
+        big = np.isinf(hi) & np.isfinite(x)
+        if big.any():
+            worst = float(np.abs(x[big]).max())
+            raise ValueError(f"wgpu backend: float64 tensor value {worst:.17g} exceeds float32's range "
+                             f"(|x| <= {F32_MAX:.9g}), the exponent range of float64 (double-float) on the GPU")
+        out = np.empty(x.shape, st)
+        out["hi"] = hi
+        out["lo"] = np.where(np.isfinite(x), x - hi, 0.0).astype(np.float32)
+    return out
+
+
+def from_storage(raw: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The logical-dtype values of device storage `raw` (to_storage's inverse): float64 is hi + lo."""
+    if raw.dtype.names is None:
+        return raw.astype(dtype)
+    hi = raw["hi"].astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(hi) & (raw["lo"] != 0), hi + raw["lo"], hi).astype(dtype)  # -0 stays -0
+
+
+@functools.cache
+def df64_library() -> str:
+    """kernels/df64.wgsl: the double-float functions a kernel touching float64 includes after the prelude."""
+    return resources.files(__package__).joinpath("kernels", "df64.wgsl").read_text()
 
 
 def as_f32(raw: str, storage: str, vec4: bool = False) -> str:

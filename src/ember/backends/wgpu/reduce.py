@@ -16,7 +16,8 @@ Each lane keeps four loads in flight, which brings all three layouts near a larg
 
 Every op is a state S = (a, b), an identity, a load (element -> state), an associative combine and a final
 step, so the same kernel serves sum/mean/prod/min/max/norms, logsumexp (online max + rescaled sum) and the
-arg ops (value, index) with numpy's tie and NaN rules.
+arg ops (value, index) with numpy's tie and NaN rules. float64 tensors reduce in double-float (kernels/df64.wgsl):
+the same states with vec2<f32> components (_df_spec).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import wgpu
 
 from ...core.view import View
-from .program import grid_1d, kernel, storage_type
+from .program import DF64, df64_library, grid_1d, kernel, storage_type
+from .shader.emit import df_literal
 from .shader.wgsl import PRELUDE, int_literal
 
 if TYPE_CHECKING:
@@ -123,6 +125,42 @@ def _op_spec(op: str, kind: str, r_total: int) -> _Op:
     return _Op(t, t, zero, zero, f"    return S(p.a + q.a, {zero});", f"S({load}, {zero})", vt, final, t, False)
 
 
+def _df_spec(op: str, r_total: int) -> _Op:
+    """_op_spec for float64 elements: every state component a df64 pair, the same rules through df64.wgsl."""
+    zero, one, inf = "df(0.0)", "df(1.0)", "df(inf_f32())"
+    if op in ARG_OPS:
+        want_max = op.startswith("argmax")
+        last = op.endswith("_last")
+        tie = "(p.b > q.b)" if last else "(p.b < q.b)"
+        cmp = "df_gt" if want_max else "df_lt"
+        body = (f"    let pn = is_nan(p.a.x);\n    let qn = is_nan(q.a.x);\n"
+                f"    let tie = (pn && qn) || df_eq(p.a, q.a);\n"
+                f"    let better = select(select({cmp}(p.a, q.a), {tie}, tie), pn, pn != qn);\n"
+                f"    if (better) {{ return p; }}\n    return q;")
+        return _Op(DF64, "i32", f"(-{inf})" if want_max else inf, "-1i" if last else int_literal(I32_MAX), body,
+                   "S(v, i32(r))", DF64, "s.b", "i32", True)
+    if op == "logsumexp":
+        # As the f32 state: (running max, sum of exp(x - max)); the larger side's exp is 1.
+        body = ("    let m = df_max(p.a, q.a);\n"
+                "    if (!df_finite(m.x)) { return S(m, df(0.0)); }\n"
+                "    if (df_ge(p.a, q.a)) { return S(p.a, df_add(p.b, df_mul(q.b, df_exp(df_sub(q.a, p.a))))); }\n"
+                "    return S(q.a, df_add(q.b, df_mul(p.b, df_exp(df_sub(p.a, q.a)))));")
+        return _Op(DF64, DF64, f"(-{inf})", zero, body, f"S(v, {one})", DF64,
+                   "select(s.a, df_add(s.a, df_log(s.b)), df_finite(s.a.x))", DF64, True)
+    if op in ("max", "min"):
+        return _Op(DF64, DF64, f"(-{inf})" if op == "max" else inf, zero, f"    return S(df_{op}(p.a, q.a), {zero});",
+                   f"S(v, {zero})", DF64, "s.a", DF64, False)
+    if op == "prod":
+        return _Op(DF64, DF64, one, zero, f"    return S(df_mul(p.a, q.a), {zero});", f"S(v, {zero})", DF64, "s.a",
+                   DF64, False)
+    load = {"sum": "v", "mean": "v", "logsum": "v", "sumsq": "df_mul(v, v)", "l2": "df_mul(v, v)",
+            "l1": "df_abs(v)"}[op]
+    final = {"mean": f"df_div(s.a, {df_literal(float(max(r_total, 1)))})", "l2": "df_sqrt(s.a)",
+             "logsum": "df_log(s.a)"}.get(op, "s.a")
+    return _Op(DF64, DF64, zero, zero, f"    return S(df_add(p.a, q.a), {zero});", f"S({load}, {zero})", DF64,
+               final, DF64, False)
+
+
 FLOOR_DIV = """
 fn floor_div(a: i32, n: i32) -> i32 {
     let q = a / n;
@@ -166,6 +204,11 @@ def _offset_code(var: str, dims: list[int], strides: list[int], start: str) -> l
 def _convert(value: str, src: str, dst: str) -> str:
     if src == dst:
         return value
+    if src == DF64:
+        return {"f32": f"{value}.x", "f16": f"f16(unpack2x16float(df_to_f16_bits({value})).x)",
+                "i32": f"df_to_i32({value})", "u32": f"select(0u, 1u, {value}.x != 0.0)"}[dst]
+    if dst == DF64:
+        return f"df_from_i32({value})" if src == "i32" else f"df(f32({value}))"
     if dst == "u32":
         zero = "0.0" if src in ("f32", "f16") else "0i"
         return f"select(0u, 1u, {value} != {zero})"
@@ -247,8 +290,9 @@ def _source(be: WgpuBackend, spec: _Op, p: _Pass, *, range_code: str, row_base: 
             "    if (valid && ty == 0u) { store(row, sh[lid]); }",
         ])
     return be.kernel_source(
-        "reduce", PRELUDE=PRELUDE + FLOOR_DIV, AT=spec.at, BT=spec.bt, BINDINGS=bindings, TX=p.tx, TY=p.ty,
-        ROWS=p.rows, WG=wg, ID_A=spec.id_a, ID_B=spec.id_b, COMBINE=spec.combine,
+        "reduce", PRELUDE=PRELUDE + FLOOR_DIV + (df64_library() if DF64 in bindings else ""),
+        INIT="    df_init(nwg);" if DF64 in bindings else "", AT=spec.at, BT=spec.bt, BINDINGS=bindings,
+        TX=p.tx, TY=p.ty, ROWS=p.rows, WG=wg, ID_A=spec.id_a, ID_B=spec.id_b, COMBINE=spec.combine,
         ELEM="\n".join([*elem, "    return off;"]), LOAD=load, STORE=store, SG_ARGS=sg_args,
         TX_OF_LID=tx_of, TY_OF_LID=ty_of,
         RANGE="\n".join([range_code, *row_base]), CROSS=cross,
@@ -290,8 +334,7 @@ def record_reduce_axes(be: WgpuBackend, op: str, x: View, out: View, n_reduce: i
     if n_out == 0:
         return []
     xt, ot = storage_type(x.dtype), storage_type(out.dtype)
-    kind = "f" if xt in ("f32", "f16") else "i"
-    spec = _op_spec(op, kind, r)
+    spec = _df_spec(op, r) if xt == DF64 else _op_spec(op, "f" if xt in ("f32", "f16") else "i", r)
 
     outer_dims, outer_strides = _merge(tuple(outer_shape), tuple(x.strides[:nd - n_reduce]))
     red_dims, red_strides = _merge(tuple(red_shape), tuple(x.strides[nd - n_reduce:]))
@@ -331,8 +374,9 @@ def record_reduce_axes(be: WgpuBackend, op: str, x: View, out: View, n_reduce: i
     rows1 = n_out * split
     tx1, ty1, fast1 = _launch(rows1, chunk, rows_contig)
     p1 = _Pass(rows1, r, tx1, ty1, fast1, split, chunk)
-    sa = be.device.create_buffer(size=max(16, rows1 * 4), usage=wgpu.BufferUsage.STORAGE)
-    sb = be.device.create_buffer(size=max(16, rows1 * 4), usage=wgpu.BufferUsage.STORAGE) if spec.has_b else None
+    wa, wb = (8 if t == DF64 else 4 for t in (spec.at, spec.bt))
+    sa = be.device.create_buffer(size=max(16, rows1 * wa), usage=wgpu.BufferUsage.STORAGE)
+    sb = be.device.create_buffer(size=max(16, rows1 * wb), usage=wgpu.BufferUsage.STORAGE) if spec.has_b else None
     idx = "row" if rows_contig else f"(row % {n_out}u) * {split}u + row / {n_out}u"
     part_store = f"    let i = {idx};\n    dst[i] = s.a;" + ("\n    dst_b[i] = s.b;" if spec.has_b else "")
     src1 = _source(be, spec, p1, range_code=_range(p1, n_out, rows_contig), row_base=x_base, elem=x_elem,

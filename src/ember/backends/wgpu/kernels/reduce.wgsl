@@ -7,6 +7,7 @@
 // Bindings (group 0): 0 src (read), 1 src_b (read: a second pass's second state component, when the op has
 // one), 2 dst (read_write), 3 dst_b (read_write: a first pass's second state component, when the op has one).
 // Grid: grid_1d(ceil(ROWS / TX)) workgroups of TX * TY invocations.
+// float64 (double-float) reductions bring df64.wgsl in PRELUDE and call its df_init in INIT (empty otherwise).
 ${PRELUDE}
 fn is_finite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u; }
 
@@ -42,6 +43,7 @@ ${STORE}
 @compute @workgroup_size(${WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32${SG_ARGS}) {
+${INIT}
     let tx = ${TX_OF_LID};
     let ty = ${TY_OF_LID};
     let row_raw = (wid.y * nwg.x + wid.x) * TX + tx;
