@@ -17,6 +17,7 @@ adapter from ray.get_gpu_ids() (ember.ray.pick_adapter).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -124,8 +125,10 @@ def main() -> None:
 
     import ember
 
-    # The actors import this script's helpers (harness, tests.models) as the driver does.
-    path = ":".join(str(p) for p in (harness.ROOT / "src", harness.ROOT, harness.BENCH))
+    # The actors import this script's helpers (harness, tests.models) as the driver does. The variable replaces the
+    # workers' PYTHONPATH: keep the driver's, or a Ray installed with --target (the GPU machine) fails to start them.
+    parts = [str(p) for p in (harness.ROOT / "src", harness.ROOT, harness.BENCH)]
+    path = ":".join(parts + [p for p in os.environ.get("PYTHONPATH", "").split(":") if p and p not in parts])
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     ray.data.DataContext.get_current().enable_progress_bars = False
