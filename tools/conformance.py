@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     per_op: dict[str, dict[str, list[int]]] = {b: defaultdict(lambda: [0, 0]) for b in backends}
     kinds: dict[str, Counter[str]] = {b: Counter() for b in backends}
     passed: dict[str, list[str]] = {b: [] for b in backends}
+    failed: dict[str, dict[str, str]] = {b: {} for b in backends}
     for backend in backends:
         t0 = time.perf_counter()
         for name in names:
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 passed[backend].append(name)
             else:
                 kinds[backend][reason.split(":", 1)[0]] += 1
+                failed[backend][name] = reason
                 if args.verbose:
                     print(f"[{backend}] {name}: {reason}")
         dt = time.perf_counter() - t0
@@ -104,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             old = set(harness.read_names(path))
             new = sorted(set(passed[backend]) & ort_ok)
             dropped = sorted(old - set(new))
-            harness.write_names(path, new, harness.allowlist_header(backend))
+            misses = {n: r for n, r in failed[backend].items() if n in ort_ok}
+            harness.write_names(path, new, harness.allowlist_header(backend, misses))
             added = len(set(new) - old)
             print(f"wrote {path.relative_to(REPO_ROOT)}: {len(new)} cases (+{added} / -{len(dropped)})")
             for name in dropped:

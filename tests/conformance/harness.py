@@ -15,7 +15,7 @@ import functools
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -252,13 +252,19 @@ def allowlist_path(backend: str) -> Path:
     return HERE / f"allowlist_{backend}.txt"
 
 
-def allowlist_header(backend: str) -> str:
-    return (
+def allowlist_header(backend: str, misses: Mapping[str, str] | None = None) -> str:
+    """The allowlist's comment block; `misses`: the cases ONNX Runtime CPU passes and this backend does not, each
+    with the first line of why (listed so a miss is a known, explained gap rather than a silent one)."""
+    text = (
         f"ONNX node conformance cases (onnx.backend.test.case.node) the `{backend}` backend must pass.\n"
         "One case name a line, sorted. Only cases ONNX Runtime CPU also passes (ort_cpu_passes.txt) belong\n"
         "here. tests/conformance/test_node_cases.py runs each of them; regenerate with\n"
         f"  python tools/conformance.py --backend {backend} --write-allowlist"
     )
+    if misses:
+        text += f"\n\n{len(misses)} case(s) ONNX Runtime CPU passes that `{backend}` does not, and why:\n"
+        text += "\n".join(f"  {n}: {' '.join(r.split())[:150]}" for n, r in sorted(misses.items()))
+    return text
 
 
 ORT_PASSES_HEADER = (
