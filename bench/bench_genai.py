@@ -3,7 +3,7 @@
 then generated greedily by each engine from the same prompt.
 
     python bench/bench_genai.py [--models llama-1b] [--precisions int4,fp16,fp32] [--target webgpu] [--prompt 32]
-        [--new 64] [--engines ember-wgpu,og-cpu,torch] [--work DIR] [--json out.json] [--md out.md]
+        [--new 64] [--engines ember-wgpu,og-cpu,torch,ort-webgpu] [--work DIR] [--json out.json] [--md out.md]
 
 Per row: prefill ms, decode ms/token (median over the steps after the first two) and tokens/s, plans built during
 the timed generation, and whether the tokens equal ONNX Runtime GenAI's (og-cpu: its CPU provider on the same folder
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -92,6 +94,57 @@ def torch_run(cfg: decoders.Decoder, prompt: list[int], new: int, half: bool) ->
             "tokens": [int(t) for t in out[0, len(prompt):].tolist()]}
 
 
+# ONNX Runtime's WebGPU provider on the folder's model.onnx, greedy, in its own process (its module name would
+# shadow the CPU build). The KV cache is fed back as OrtValues bound on the device where the build allows
+# (io_binding, "webgpu"), else through host arrays (the row says which).
+PEER_SCRIPT = """
+import json, sys, time, numpy as np, onnxruntime as ort
+folder, prompt, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+cfg = json.load(open(folder + "/genai_config.json"))
+share = bool(cfg.get("search", {}).get("past_present_share_buffer", False))
+so = ort.SessionOptions(); so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+s = ort.InferenceSession(folder + "/" + cfg["model"]["decoder"]["filename"], so, providers=["WebGpuExecutionProvider"])
+ins = {i.name: i for i in s.get_inputs()}
+kv = [n for n in ins if n.startswith("past_key_values")]
+dt = {"tensor(float16)": np.float16, "tensor(float)": np.float32}
+dec = cfg["model"]["decoder"]
+heads, hd = dec["num_key_value_heads"], dec["head_size"]
+cap = len(prompt) + new
+past = {n: np.zeros((1, heads, cap if share else 0, hd), dt[ins[n].type]) for n in kv}
+def step(ids, total):
+    f = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, total), np.int64)}
+    if "position_ids" in ins:
+        f["position_ids"] = np.arange(total - len(ids), total, dtype=np.int64)[None]
+    f.update(past)
+    outs = s.run(None, f)
+    names = [o.name for o in s.get_outputs()]
+    for n, v in zip(names, outs):
+        if n.startswith("present"):
+            past[n.replace("present", "past_key_values")] = v
+    return int(np.argmax(outs[names.index("logits")][0, -1]))
+t0 = time.perf_counter(); tok = step(prompt, len(prompt)); prefill = (time.perf_counter() - t0) * 1e3
+tokens, times = [tok], []
+for i in range(new - 1):
+    t = time.perf_counter(); tok = step([tok], len(prompt) + i + 1); times.append((time.perf_counter() - t) * 1e3)
+    tokens.append(tok)
+ms = float(np.median(times[2:] or times))
+print(json.dumps({"prefill ms": prefill, "ms/token": ms, "tok/s": 1e3 / ms, "tokens": tokens,
+                  "note": "KV through host arrays" + (", shared buffer" if share else "")}))
+"""
+
+
+def ort_webgpu_run(folder: Path, prompt: list[int], new: int) -> dict:
+    """ONNX Runtime's WebGPU build (../shared/tools/gpu-prep --peers puts it in /tmp/peers)."""
+    if not os.path.isdir("/tmp/peers"):
+        raise RuntimeError("ONNX Runtime's WebGPU build is not installed (/tmp/peers)")
+    env = dict(os.environ, PYTHONPATH="/tmp/peers:" + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", PEER_SCRIPT, str(folder), json.dumps(prompt), str(new)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    if r.returncode:
+        raise RuntimeError((r.stderr.strip().splitlines() or ["?"])[-1][:300])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="llama-1b")
@@ -126,6 +179,8 @@ def main() -> None:
                         r = ember_run(out, prompt, args.new)
                     elif engine == "og-cpu":
                         r = og_run(out, prompt, args.new, work)
+                    elif engine == "ort-webgpu":
+                        r = ort_webgpu_run(out, prompt, args.new)
                     elif engine == "torch":
                         r = torch_run(cfg, prompt, args.new, half=precision != "fp32")
                     else:
