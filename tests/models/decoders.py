@@ -66,18 +66,13 @@ def build(cfg: Decoder, seed: int = 0) -> Any:
         config = transformers.GPT2Config(n_layer=cfg.layers, n_embd=cfg.hidden, n_head=cfg.heads, n_inner=cfg.ff,
                                          vocab_size=cfg.vocab, n_positions=cfg.positions)
         model = transformers.GPT2LMHeadModel(config)
-    elif cfg.arch == "llama":
-        config = transformers.LlamaConfig(num_hidden_layers=cfg.layers, hidden_size=cfg.hidden,
-                                          num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-                                          intermediate_size=cfg.ff, vocab_size=cfg.vocab,
-                                          max_position_embeddings=cfg.positions)
-        model = transformers.LlamaForCausalLM(config)
-    elif cfg.arch == "qwen2":
-        config = transformers.Qwen2Config(num_hidden_layers=cfg.layers, hidden_size=cfg.hidden,
-                                          num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-                                          intermediate_size=cfg.ff, vocab_size=cfg.vocab,
-                                          max_position_embeddings=cfg.positions)
-        model = transformers.Qwen2ForCausalLM(config)
+    elif cfg.arch in ("llama", "qwen2"):  # the same config fields, under each family's class names
+        prefix = {"llama": "Llama", "qwen2": "Qwen2"}[cfg.arch]
+        config = getattr(transformers, f"{prefix}Config")(
+            num_hidden_layers=cfg.layers, hidden_size=cfg.hidden, num_attention_heads=cfg.heads,
+            num_key_value_heads=cfg.kv_heads, intermediate_size=cfg.ff, vocab_size=cfg.vocab,
+            max_position_embeddings=cfg.positions)
+        model = getattr(transformers, f"{prefix}ForCausalLM")(config)
     else:
         raise ValueError(f"unknown decoder architecture {cfg.arch!r}")
     if cfg.jitter:
