@@ -193,6 +193,7 @@ fn df_log(a: vec2<f32>) -> vec2<f32> {
 
 // C fmod (the sign of a) by binary long division: r -= b 2^k for k from the exponent gap down to 0. Each step
 // subtracts a value within a factor 2 of r, so any quotient gives a remainder in [0, |b|) accurate to ~2^-48 |a|
+// modulo b (past a quotient of ~2^40 a remainder near 0 can come out near |b| or the other way round)
 // (a single a - b trunc(a / b) is off by whole multiples of b once a / b passes 2^24; an exact remainder would
 // need a third word, as the intermediate remainders can span 50 bits).
 fn df_fmod(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
@@ -205,6 +206,10 @@ fn df_fmod(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
         let step = df_scale(d, k);
         if (df_ge(r, step)) { r = df_sub(r, step); }
     }
+    // A step taken on a rounded tie (r within rounding of b 2^k) leaves r just below 0 instead of just below b:
+    // the same value modulo b, moved back into [0, |b|).
+    if (r.x < 0.0) { r = df_add(r, d); }
+    if (df_ge(r, d)) { r = df_sub(r, d); }
     if (r.x == 0.0) { return vec2<f32>(select(0.0, -0.0, a.x < 0.0), 0.0); }
     return select(r, -r, a.x < 0.0);
 }
