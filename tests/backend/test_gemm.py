@@ -208,6 +208,32 @@ def test_matmul_bias_act(be: ember.ComputeBackend, rng: np.random.Generator, act
     assert rel_err(got, ref) <= TOL
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("m", [1, 37])
+def test_matmul_residual(be: ember.ComputeBackend, rng: np.random.Generator, with_bias: bool, m: int) -> None:
+    """out = gelu(a @ b + beta * bias + residual): a Linear with a bias, then a residual Add, as one step."""
+    assert be.matmul_residual
+    nb, n, k = 2, 24, 19
+    a = rng.standard_normal((nb, m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    res = rng.standard_normal((nb, m, n)).astype(np.float32)
+    ha, hb, hbias, hr = upload(be, a), upload(be, b), upload(be, bias), upload(be, res)
+    ho = poisoned(be, nb * m * n)
+    try:
+        bv = View(hb, F32, (nb, k, n), (0, n, 1))
+        biasv = View(hbias, F32, (nb, m, n), (0, 0, 1)) if with_bias else None
+        be.execute(be.record_matmul(View.contiguous(ha, F32, a.shape), bv, View.contiguous(ho, F32, (nb, m, n)),
+                                    bias=biasv, beta=0.5, act=call("gelu", inp(0)),
+                                    residual=View.contiguous(hr, F32, res.shape)))
+        got = download(be, ho, (nb, m, n))
+    finally:
+        for h in (ha, hb, hbias, hr, ho):
+            be.free(h)
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64)) + res + (0.5 * bias if with_bias else 0.0)
+    assert rel_err(got, eval_numpy(call("gelu", inp(0)), [ref], np.float64)) <= TOL
+
+
 def test_matmul_strided_out_and_odd_strides(be: ember.ComputeBackend, rng: np.random.Generator) -> None:
     """Operands with no unit-stride inner dim (generic kernel) and a strided output window."""
     nb, m, n, k = 2, 13, 11, 9

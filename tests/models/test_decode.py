@@ -111,3 +111,25 @@ def test_precision_f16_decode_is_made_from_a_template() -> None:
             assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max(), length
     info = m16.cache_info()
     assert info["builds"] == 2 and info["from_template"] == 10, info
+
+
+# A decode step's kernels for the 2-layer configs (GPT2, LLAMA, QWEN2), the most each backend may record: the
+# rewrites that keep them down are rotary (RotateHalf), Q/K/V and gate/up as one product, the per-layer mask
+# computed once, reshapes of strided data as views, residual adds in the products' epilogues, and on wgpu a
+# Concat (the grown KV cache) as one kernel. A regression in any of them shows here as more steps.
+STEP_BUDGET = {("gpt2", "wgpu"): 27, ("gpt2", "cpu"): 35, ("llama", "wgpu"): 35, ("llama", "cpu"): 39,
+               ("qwen2", "wgpu"): 35, ("qwen2", "cpu"): 39}
+
+
+@pytest.mark.parametrize("cfg", [GPT2, LLAMA, decoders.QWEN2], ids=["gpt2", "llama", "qwen2"])
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_decode_step_kernels(backend_name: str, cfg: Decoder, exporter: str) -> None:
+    model = ember.load_onnx(str(decoders.export(cfg, exporter)), backend=backend_name)
+    feeds = {"input_ids": np.array([[1]], np.int64), "attention_mask": np.ones((1, 7), np.int64), **cfg.past(1, 6)}
+    info = model.plan_info(feeds)
+    assert info["steps"] <= STEP_BUDGET[(cfg.arch, backend_name)], info
+    assert info["epilogue.fused"] >= 2 * cfg.layers  # the two residual adds of every block
+    if cfg.arch != "gpt2":
+        assert model.rewrites["rotary_fused"] == 2 * cfg.layers  # q and k
+        assert model.rewrites["matmuls_merged"] == 3 * cfg.layers  # q, k, v as one; gate and up as one
+        assert info["rotary.fused"] == 2 * cfg.layers

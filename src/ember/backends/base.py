@@ -256,12 +256,27 @@ class ComputeBackend(PublicOps, ABC):
 
     @abstractmethod
     def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
-                      beta: float = 1.0, act: Any = None) -> list:
-        """out = act(alpha * a @ b + beta * bias) over shapes (B, M, K) @ (B, K, N) -> (B, M, N).
+                      beta: float = 1.0, act: Any = None, residual: View | None = None) -> list:
+        """out = act(alpha * a @ b + beta * bias + residual) over shapes (B, M, K) @ (B, K, N) -> (B, M, N).
 
         a, b and bias may be strided (transposes, broadcast batch or bias dims are strides); bias may be the
-        out View itself (gemm's beta * C). `act` is an elementwise Expr over input 0, or None.
+        out View itself (gemm's beta * C). `act` is an elementwise Expr over input 0, or None. `residual` (of
+        out's shape, not overlapping it) only where `matmul_residual` says so.
         """
+
+    # Whether record_matmul takes `residual`: a Linear with a bias followed by a residual Add (GPT-2's projections)
+    # then runs as one kernel.
+    matmul_residual: bool = False
+
+    def select_matmul_addends(self) -> int:
+        """How many tensors a MatMul's epilogue adds before its activation: 1 (bias), 2 with `matmul_residual`."""
+        return 2 if self.matmul_residual else 1
+
+    def select_concat_kernel(self, part_sizes: list[int], dtype: Any) -> bool:
+        """Whether a Concat of parts of these sizes runs as one kernel that picks each element's source (one
+        dispatch; the other parts are read again per element) rather than a copy per part. Here: never (numpy's
+        slice copies are the faster way on the host)."""
+        return False
 
     # Whether record_conv takes `residual` (a tensor of the output's shape added before the activation, so a
     # ResNet block's Add + Relu run in the conv's epilogue instead of a kernel of their own).

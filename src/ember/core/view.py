@@ -39,7 +39,14 @@ class View:
         return math.prod(self.shape)
 
     def is_contiguous(self) -> bool:
-        return self == View.contiguous(self.handle, self.dtype, self.shape, self.offset)
+        """Row-major without gaps. A size-1 dim's stride is never used, so any value passes (a transposed or
+        sliced view of a single row is still one run of memory)."""
+        acc = 1
+        for d, s in zip(reversed(self.shape), reversed(self.strides), strict=True):
+            if d != 1 and s != acc:
+                return False
+            acc *= d
+        return True
 
     def extent(self) -> int:
         """Elements from the start of the allocation that this view can touch."""
@@ -92,6 +99,38 @@ class View:
             strides.append(real[-1][1] if real else 0)
         if any(d != 1 for d, _ in dims[i:]):
             return None
+        return View(self.handle, self.dtype, shape, tuple(strides), self.offset)
+
+    def reshaped(self, shape: Sequence[int]) -> View | None:
+        """The same elements in row-major order as `shape`, without a copy: each run of old dims that lies evenly
+        in memory is split or merged into new dims (numpy's and torch's view rule); None where no strides can
+        express it (then the caller copies)."""
+        shape = tuple(int(d) for d in shape)
+        if math.prod(shape) != self.size:
+            return None
+        if self.size == 0 or self.is_contiguous():
+            return View.contiguous(self.handle, self.dtype, shape, self.offset)
+        old = [(d, s) for d, s in zip(self.shape, self.strides, strict=True) if d != 1]
+        strides = [0] * len(shape)
+        i, j = len(old) - 1, len(shape) - 1
+        while i >= 0:
+            k = i  # old[k..i] is one evenly strided run
+            while k > 0 and old[k - 1][1] == old[k][1] * old[k][0]:
+                k -= 1
+            run, acc = math.prod(d for d, _ in old[k:i + 1]), 1
+            while acc < run:
+                if j < 0:
+                    return None
+                strides[j] = old[i][1] * acc
+                acc *= shape[j]
+                j -= 1
+            if acc != run:
+                return None
+            i = k - 1
+        while j >= 0:
+            if shape[j] != 1:
+                return None
+            j -= 1
         return View(self.handle, self.dtype, shape, tuple(strides), self.offset)
 
     def permute(self, perm: Sequence[int]) -> View:

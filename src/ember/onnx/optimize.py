@@ -1,6 +1,7 @@
 """Graph clean-up at load, before any plan: fold constants, drop no-op nodes, fold BatchNorm into Conv,
 rewrite x * sigmoid(x) as one SiLU node so it can join a Conv's epilogue, and the transformer patterns
-(onnx/patterns.py) into fused ai.ember nodes, keeping why a near match was rejected."""
+(onnx/patterns.py) into fused ai.ember nodes, keeping why a near match was rejected; then nodes that compute
+the same value twice become one (an exporter's per-layer copy of the attention mask)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from ..ir import Graph, Node
 from ..ops import Tensor, UnsupportedError, lookup
 from ..ops.transformer import PATTERNS, parse_fallback
 from ..plan import fold
+from .horizontal import merge_parallel_matmuls
+from .pattern_rotary import match_rotary
 from .patterns import (
     EMBER_DOMAIN,
     Misses,
@@ -26,7 +29,7 @@ from .patterns import (
 # Each transformer pattern's matcher and the op types of its anchor nodes (onnx/patterns.py).
 _PATTERNS = (("layernorm", ("ReduceMean",), match_layernorm), ("rmsnorm", ("ReduceMean",), match_rmsnorm),
              ("gelu", ("Erf", "Tanh"), match_gelu), ("quickgelu", ("Sigmoid",), match_quickgelu),
-             ("attention", ("Softmax",), match_attention))
+             ("attention", ("Softmax",), match_attention), ("rotary", ("Neg",), match_rotary))
 
 
 class Rewrites(dict[str, int]):
@@ -43,6 +46,8 @@ def optimize(graph: Graph) -> Rewrites:
     misses = Misses()
     for pattern, anchors, match in _PATTERNS:
         stats[f"{pattern}_fused"] = fuse(graph, pattern, anchors, match, misses)
+    stats["matmuls_merged"] = merge_parallel_matmuls(graph)
+    stats["duplicates_merged"] = merge_duplicates(graph)
     stats["dead_nodes_removed"] = remove_dead(graph)
     stats.misses = misses.report(graph)
     for pattern, *_ in _PATTERNS:
@@ -186,3 +191,59 @@ def remove_dead(graph: Graph) -> int:
         if name not in live:
             del graph.initializers[name]
     return removed
+
+
+# Ops whose outputs differ between two identical nodes.
+_NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                     "Bernoulli", "Dropout"}
+_SMALL_CONSTANT = 256  # elements: small initializers are keyed by value (a mask's 0 and -inf, one per layer)
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    hash(value)
+    return value
+
+
+def merge_duplicates(graph: Graph) -> int:
+    """Common subexpressions: small initializers with equal values become one, then each node computing what an
+    earlier node computes (same op, attributes and inputs) is dropped and its outputs read from the earlier one.
+    Runs after the pattern matchers, which see the graph as exported."""
+    outputs = {o.name for o in graph.outputs}
+    rename: dict[str, str] = {}
+    by_value: dict[Any, str] = {}
+    for name, value in graph.initializers.items():
+        if value.size <= _SMALL_CONSTANT and value.dtype != object and name not in outputs:
+            rename[name] = by_value.setdefault(("const", value.dtype.str, value.shape, value.tobytes()), name)
+    rename = {k: v for k, v in rename.items() if k != v}
+    seen: dict[Any, Node] = {}
+    keep: list[Node] = []
+    merged = 0
+    for n in graph.nodes:
+        n.inputs = [rename.get(i, i) for i in n.inputs]
+        if n.subgraphs():
+            for old in [i for i in n.implicit if i in rename]:
+                _rename_input(Graph([n], [], [], {}), old, rename[old])
+            keep.append(n)
+            continue
+        try:
+            key = (n.domain, n.op_type, n.opset, tuple(n.inputs), tuple(sorted((k, _frozen(v))
+                                                                         for k, v in n.attrs.items())))
+        except TypeError:
+            keep.append(n)
+            continue
+        first = seen.get(key)
+        if (first is None or n.op_type in _NONDETERMINISTIC or len(first.outputs) != len(n.outputs)
+                or any(o in outputs or (o and not p) for o, p in zip(n.outputs, first.outputs, strict=True))):
+            seen.setdefault(key, n)
+            keep.append(n)
+            continue
+        for o, p in zip(n.outputs, first.outputs, strict=True):
+            if o:
+                rename[o] = p
+        merged += 1
+    graph.nodes = keep
+    return merged

@@ -34,7 +34,10 @@ class Lazy:
     nodes: int = 1  # graph nodes this value stands for (for the fusion counters)
     origin: str = ""  # the node that created it (profile labels)
     deps: list[View] = field(default_factory=list)  # buffers the anchor kernel will read
-    takes_bias: bool = False  # the anchor can add one more tensor (MatMul: alpha*acc + bias; a residual too)
+    # how many more tensors the anchor can add before its epilogue (MatMul: a bias, then a residual), each passed
+    # to it as one more View in `inputs`' order
+    takes_bias: int = 0
+    flat: bool = False  # the anchor writes its result row-major at out's offset, whatever out's shape (MatMul)
     # (out, act, kernel, strides, pads, dilations) -> steps: the anchor kernel with a max pooling of its result
     # fused in (a MaxPool its only reader; the backend's conv_maxpool), or None
     pool: Callable[..., list] | None = None
@@ -209,9 +212,9 @@ class Context:
         out = self.alloc(t.dtype, t.shape)
         if lz.anchor is not None:
             identity = lz.expr.op == "in"
-            bias = self.view(lz.inputs[0]).broadcast_to(t.shape) if lz.inputs else None
-            self.record(lz.anchor(out, None if identity else lz.expr, bias), lz.origin)
-            if not identity:
+            addends = [self.view(i).broadcast_to(t.shape) for i in lz.inputs]
+            self.record(lz.anchor(out, None if identity else lz.expr, *addends), lz.origin)
+            if lz.nodes > 1:  # the activation's nodes and the adds the kernel took
                 self.count("epilogue.fused", lz.nodes - 1)
         else:
             views = [self.view(i).broadcast_to(t.shape) for i in lz.inputs]

@@ -75,17 +75,18 @@ def emit(ctx: Context, op: Op, expr: Expr, inputs: list[Tensor], out_dtype: np.d
         for ai in (0, 1):
             a, b = unique[fused.args[ai].value], unique[fused.args[1 - ai].value]
             lz = a.lazy
-            if (lz is not None and lz.takes_bias and not lz.inputs and lz.expr.op == "in" and a.uses == 1
-                    and a.shape == shape and a.dtype == b.dtype == out_dtype):
+            if (lz is not None and lz.takes_bias > 0 and lz.expr.op == "in" and a.uses == 1
+                    and a.shape == shape and a.dtype == b.dtype == out_dtype and all(b is not x for x in lz.inputs)):
                 # MatMul + bias (or + residual): the matmul adds it in its epilogue.
-                return Tensor(out_dtype, shape, lazy=Lazy(inp(0), [b], lz.anchor, lz.nodes + nodes, lz.origin, lz.deps))
+                return Tensor(out_dtype, shape, lazy=Lazy(inp(0), [*lz.inputs, b], lz.anchor, lz.nodes + nodes,
+                                                          lz.origin, lz.deps, takes_bias=lz.takes_bias - 1))
     if (len(unique) == 1 and unique[0].lazy is not None and unique[0].lazy.anchor is not None
             and unique[0].uses == 1 and unique[0].shape == shape and fused.kind == FLOAT
             and unique[0].dtype == out_dtype):
         base = unique[0].lazy
         epilogue = substitute(fused, {0: base.expr})
         return Tensor(out_dtype, shape, lazy=Lazy(epilogue, base.inputs, base.anchor, base.nodes + nodes, base.origin,
-                                             base.deps, pool=base.pool))
+                                             base.deps, pool=base.pool, flat=base.flat))
     if not unique:
         out = ctx.new(out_dtype, shape)
         if out.size:
@@ -95,12 +96,13 @@ def emit(ctx: Context, op: Op, expr: Expr, inputs: list[Tensor], out_dtype: np.d
 
 
 def anchored(ctx: Context, dtype: np.dtype, shape: tuple[int, ...], record: Callable[..., list],
-             deps: list[View | None], takes_bias: bool = False) -> Tensor:
-    """A Conv/MatMul result, computed when first read, so a following bias add and activation join its
-    epilogue. `record(out, act, bias)` records the kernel; `deps` are the views it reads (kept alive)."""
+             deps: list[View | None], takes_bias: int = 0, flat: bool = False) -> Tensor:
+    """A Conv/MatMul result, computed when first read, so following adds (up to `takes_bias` tensors) and an
+    activation join its epilogue. `record(out, act, *addends)` records the kernel; `deps` are the views it reads
+    (kept alive); `flat`: it writes row-major at out's offset whatever out's shape, so a Reshape of it stays lazy."""
     deps = [d for d in deps if d is not None]
     t = Tensor(np.dtype(dtype), tuple(shape), lazy=Lazy(inp(0), [], record, origin=ctx.node, deps=deps,
-                                                   takes_bias=takes_bias))
+                                                   takes_bias=int(takes_bias), flat=flat))
     if not ctx.fuse:
         ctx.view(t)
     return t

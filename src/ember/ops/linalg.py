@@ -71,17 +71,27 @@ class MatMul(Op):
         else:
             o3 = (bsz, m, n), (m * n, n, 1)
 
-        def record(out: View, act: Expr | None, bias: View | None = None, a3: View = a3, b3: View = b3,
-                   o3: tuple = o3) -> list:
-            b3v = None
-            if bias is not None:
-                b3v = bias.merged(o3[0])
-                if b3v is None:  # a bias whose strides do not fold into the matmul's 3-D layout: copy it
-                    b3v = ctx.contiguous(Tensor(bias.dtype, bias.shape, view=bias)).merged(o3[0])
-            return ctx.backend.record_matmul(a3, b3, View(out.handle, out.dtype, o3[0], o3[1], out.offset), act=act,
-                                             bias=b3v)
+        def record(out: View, act: Expr | None, bias: View | None = None, residual: View | None = None,
+                   a3: View = a3, b3: View = b3, o3: tuple = o3) -> list:
+            o = View(out.handle, out.dtype, o3[0], o3[1], out.offset)
+            return ctx.backend.record_matmul(a3, b3, o, act=act, bias=in_3d(ctx, bias, o3[0]),
+                                             **addend(ctx, residual, o3[0]))
 
-        return [anchored(ctx, a.dtype, shape, record, [a3, b3], takes_bias=True)]
+        return [anchored(ctx, a.dtype, shape, record, [a3, b3], takes_bias=ctx.backend.select_matmul_addends(),
+                         flat=True)]
+
+
+def in_3d(ctx: Context, v: View | None, shape: tuple[int, int, int]) -> View | None:
+    """An addend of the product's output, as the matmul's 3-D view (copied where its strides do not fold)."""
+    if v is None:
+        return None
+    r = v.reshaped(shape)
+    return r if r is not None else ctx.contiguous(Tensor(v.dtype, v.shape, view=v)).reshaped(shape)
+
+
+def addend(ctx: Context, residual: View | None, shape: tuple[int, int, int]) -> dict:
+    """record_matmul's residual argument, where there is one (a backend without matmul_residual never gets one)."""
+    return {} if residual is None else {"residual": in_3d(ctx, residual, shape)}
 
 
 @register("Gemm", 1)
@@ -113,11 +123,16 @@ class Gemm(Op):
         a3 = View(av.handle, av.dtype, (1, m, k), (0,) + av.strides, av.offset)
         b3 = View(bv.handle, bv.dtype, (1, k, n), (0,) + bv.strides, bv.offset)
 
-        def record(out: View, act: Expr | None, _bias: View | None = None) -> list:
+        def record(out: View, act: Expr | None, *addends: View) -> list:
+            c, beta, more = bias, self.attr["beta"], list(addends)
+            if c is None and more:  # an Add after a Gemm without C: the bias slot, not scaled by beta
+                c, beta = in_3d(ctx, more.pop(0), (1, m, n)), 1.0
             return ctx.backend.record_matmul(a3, b3, View(out.handle, out.dtype, (1, m, n), (0, n, 1), out.offset),
-                                             alpha=self.attr["alpha"], bias=bias, beta=self.attr["beta"], act=act)
+                                             alpha=self.attr["alpha"], bias=c, beta=beta, act=act,
+                                             **addend(ctx, more[0] if more else None, (1, m, n)))
 
-        return [anchored(ctx, a.dtype, (m, n), record, [a3, b3, bias])]
+        takes = ctx.backend.select_matmul_addends() - (bias is not None)
+        return [anchored(ctx, a.dtype, (m, n), record, [a3, b3, bias], takes_bias=takes, flat=True)]
 
 
 @register("Einsum", 12)

@@ -5,21 +5,32 @@ A view is a new (shape, strides, offset) on the same allocation; kernels read st
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 
 from ..core.dtypes import kind_of
-from ..core.expr import inp
+from ..core.expr import Expr, call, coord, inp, load
 from ..core.view import View
-from .base import Context, Op, Tensor, host_ints, host_shape, norm_axis, register
+from .base import Context, Lazy, Op, Tensor, host_ints, host_shape, norm_axis, register
+from .exprs import int_const, kernel
 
 
 def reshape_view(ctx: Context, x: Tensor, shape: tuple[int, ...]) -> Tensor:
     if x.is_const:
         return ctx.const(x.value.reshape(shape))
-    v = ctx.contiguous(x)
-    return Tensor(x.dtype, tuple(shape), view=View.contiguous(v.handle, x.dtype, shape, v.offset))
+    lz = x.lazy
+    if lz is not None and lz.anchor is not None and lz.flat and not lz.inputs and lz.pool is None and x.uses == 1:
+        # A MatMul read only through this Reshape (GPT-2's Linear: Gemm on 2-D rows, then back to 3-D): still
+        # lazy, so the bias, residual and activation after the Reshape join its epilogue.
+        return Tensor(x.dtype, tuple(shape), lazy=Lazy(lz.expr, [], lz.anchor, lz.nodes, lz.origin, lz.deps,
+                                                       takes_bias=lz.takes_bias, flat=True))
+    view = ctx.view(x).reshaped(shape)
+    if view is None:
+        v = ctx.contiguous(x)
+        view = View.contiguous(v.handle, x.dtype, shape, v.offset)
+    return Tensor(x.dtype, tuple(shape), view=view)
 
 
 def strided(x: Tensor, ctx: Context, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Tensor:
@@ -130,6 +141,9 @@ class Concat(Op):
                 raise ValueError(f"{self.node.describe()}: shapes {[x.shape for x in xs]} differ off axis {axis}")
         shape = list(xs[0].shape)
         shape[axis] = sum(x.shape[axis] for x in xs)
+        parts = [x for x in xs if x.size]
+        if len(parts) > 1 and ctx.backend.select_concat_kernel([p.size for p in parts], parts[0].dtype):
+            return [self._picked(ctx, parts, axis, tuple(shape))]
         out = ctx.new(xs[0].dtype, shape)
         pos = 0
         for x in xs:
@@ -138,6 +152,22 @@ class Concat(Op):
                 copy_into(ctx, ctx.view(x), dst)
             pos += x.shape[axis]
         return [out]
+
+    @staticmethod
+    def _picked(ctx: Context, parts: list[Tensor], axis: int, shape: tuple[int, ...]) -> Tensor:
+        k = kind_of(parts[0].dtype)
+        c = [coord(i) for i in range(len(shape))]
+        ends = list(itertools.accumulate(p.shape[axis] for p in parts))
+
+        def read(i: int) -> Expr:
+            start = ends[i] - parts[i].shape[axis]
+            at = [call("sub", e, int_const(start)) if d == axis and start else e for d, e in enumerate(c)]
+            return load(i, *at, kind=k)
+
+        expr = read(len(parts) - 1)
+        for i in range(len(parts) - 2, -1, -1):
+            expr = call("where", call("lt", c[axis], int_const(ends[i])), read(i), expr)
+        return kernel(ctx, expr, [ctx.view(p) for p in parts], parts[0].dtype, shape)
 
 
 def slice_view(ctx: Context, x: Tensor, axis: int, start: int, stop: int, step: int = 1) -> Tensor:

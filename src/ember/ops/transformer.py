@@ -12,16 +12,18 @@ import math
 
 import numpy as np
 
-from ..core.expr import call, const, inp
+from ..core.dtypes import kind_of
+from ..core.expr import Expr, call, const, coord, inp, load
 from ..core.view import View
-from .base import Context, Op, Tensor, declare_counters, norm_axis, register
+from .base import Context, Op, Tensor, declare_counters, host_ints, norm_axis, register
 from .elementwise import emit
+from .exprs import int_const, kernel
 from .normalization import normalize
 from .reduce import reduce_axes
 from .shape import reshape_view
 
 EMBER = "ai.ember"
-PATTERNS = ("rmsnorm", "layernorm", "softmax", "gelu", "quickgelu", "attention")
+PATTERNS = ("rmsnorm", "layernorm", "softmax", "gelu", "quickgelu", "attention", "rotary")
 declare_counters(*(f"{p}.{arm}" for p in PATTERNS for arm in ("fused", "fallback")), "attention.gemm")
 
 
@@ -347,3 +349,56 @@ class EmberAttention(Op):
         k = Tensor(kt.dtype, (kt.shape[0], kt.shape[1], kt.shape[3], kt.shape[2]),
                    view=ctx.view(kt).permute((0, 1, 3, 2)))
         return [attention(ctx, self, q, k, v, mask, self.attr["scale"], False)]
+
+
+@register("RotateHalf", 1, EMBER)
+class RotateHalf(Op):
+    """x * cos + Concat(-Slice(x, a2:b2), Slice(x, a1:b1)) * sin as one kernel (onnx/pattern_rotary.py; transformers'
+    rotate_half slices and concatenates the last axis, a2 = b1 = head / 2). Inputs: x, cos, sin, then the two
+    Slices' starts and ends (a1, b1, a2, b2) along `slice_axis`, clamped as Slice clamps them; the Concat is along
+    `axis`; the four operands broadcast as Mul and Add do."""
+    f16 = True
+    host_inputs = (3, 4, 5, 6)
+    attrs = {"slice_axis": -1, "axis": -1}
+
+    def run(self, ctx: Context, x: Tensor, cos: Tensor, sin: Tensor, a1: Tensor, b1: Tensor, a2: Tensor,
+            b2: Tensor) -> list[Tensor]:
+        desc = self.node.describe()
+        if x.dtype != cos.dtype or x.dtype != sin.dtype or x.dtype.kind != "f":
+            raise ValueError(f"{desc}: x, cos and sin must share one float dtype, got {x.dtype}, {cos.dtype}, "
+                             f"{sin.dtype}")
+        cut, cat = (norm_axis(self, self.attr[a], x.rank) for a in ("slice_axis", "axis"))
+        parts = []
+        for start, end in ((a2, b2), (a1, b1)):  # in the Concat's order
+            lo, hi = host_ints(self, start, "starts"), host_ints(self, end, "ends")
+            if lo is None or hi is None or len(lo) != 1 or len(hi) != 1:
+                raise ValueError(f"{desc}: each Slice needs one start and one end")
+            r = range(*slice(lo[0], hi[0]).indices(x.shape[cut]))
+            parts.append((r.start, tuple(len(r) if i == cut else d for i, d in enumerate(x.shape))))
+        (lo2, p2), (lo1, p1) = parts
+        if any(d != e for i, (d, e) in enumerate(zip(p2, p1, strict=True)) if i != cat):
+            raise ValueError(f"{desc}: the Concat's parts {p2} and {p1} differ off axis {cat}")
+        halves = tuple(p2[i] + p1[i] if i == cat else d for i, d in enumerate(p2))
+        try:
+            shape = tuple(np.broadcast_shapes(x.shape, cos.shape, halves, sin.shape))
+        except ValueError:
+            raise ValueError(f"{desc}: x {x.shape}, cos {cos.shape}, the rotated halves {halves} and sin "
+                             f"{sin.shape} do not broadcast") from None
+        ctx.count("rotary.fused")
+        off = len(shape) - x.rank
+        c = [coord(i) for i in range(len(shape))]
+
+        def at(dims: tuple[int, ...], i: int) -> Expr:  # the coordinate along dim i of a tensor broadcast to shape
+            return c[off + i] if dims[i] == shape[off + i] else int_const(0)
+
+        q = [at(halves, i) for i in range(x.rank)]
+        first = call("lt", q[cat], int_const(p2[cat]))
+        src = list(q)
+        src[cat] = call("where", first, q[cat], call("sub", q[cat], int_const(p2[cat])))
+        src[cut] = call("add", src[cut], call("where", first, int_const(lo2), int_const(lo1)))
+        k = kind_of(x.dtype)
+        own, part = load(0, *(at(x.shape, i) for i in range(x.rank)), kind=k), load(0, *src, kind=k)
+        rotated = call("where", first, call("neg", part), part)
+        mixed = call("add", call("mul", own, inp(1, k)), call("mul", rotated, inp(2, k)))
+        views = [ctx.view(x), ctx.view(cos).broadcast_to(shape), ctx.view(sin).broadcast_to(shape)]
+        return [kernel(ctx, mixed, views, x.dtype, shape)]

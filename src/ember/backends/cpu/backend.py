@@ -132,12 +132,19 @@ class CpuBackend(ComputeBackend):
     def record_elementwise(self, expr: Expr, inputs: list[View], out: View) -> list[Step]:
         return elementwise.record_elementwise(expr, [self.array(v) for v in inputs], self.array(out))
 
+    matmul_residual = True
+
     def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
-                      beta: float = 1.0, act: Expr | None = None) -> list[Step]:
+                      beta: float = 1.0, act: Expr | None = None, residual: View | None = None) -> list[Step]:
         av, bv, dst = self.array(a), self.array(b), self.array(out)
         # beta = 0 ignores the bias entirely, NaN included (BLAS semantics, as the wgpu kernels do).
         cv = self.array(bias.broadcast_to(out.shape)) if bias is not None and beta != 0.0 else None
-        return matmul.record_matmul(av, bv, cv, dst, alpha, beta, act)
+        if residual is None:
+            return matmul.record_matmul(av, bv, cv, dst, alpha, beta, act)
+        rv = self.array(residual)
+        if cv is None:
+            return matmul.record_matmul(av, bv, rv, dst, alpha, 1.0, act)
+        return matmul.record_matmul(av, bv, cv, dst, alpha, beta, None) + matmul.add_residual(dst, rv, act)
 
     conv_residual = True
 

@@ -38,6 +38,13 @@ def record_matmul(av: np.ndarray, bv: np.ndarray, cv: np.ndarray | None, dst: np
     return [step]
 
 
+def add_residual(dst: np.ndarray, rv: np.ndarray, act: Expr | None) -> list[Step]:
+    """dst = act(dst + rv), in place: the residual of a product that already took a bias."""
+    step = epilogue(act, dst, rv)
+    assert step is not None
+    return [step]
+
+
 def _into_output(av: np.ndarray, bv: np.ndarray, cv: np.ndarray | None, dst: np.ndarray, alpha: float, beta: float,
                  act: Expr | None) -> list[Step]:
     """The product lands in the output and the epilogue runs there in place: no temporaries."""

@@ -531,10 +531,16 @@ class WgpuBackend(ComputeBackend):
         usage = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
         return self.device.create_buffer_with_data(data=data, usage=usage)
 
+    matmul_residual = True
+
+    def select_concat_kernel(self, part_sizes: list[int], dtype: Any) -> bool:
+        return KERNELS["select_concat_kernel"](part_sizes, dtype)
+
     def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
-                      beta: float = 1.0, act: Expr | None = None, runtime_sizes: bool = False) -> list:
+                      beta: float = 1.0, act: Expr | None = None, residual: View | None = None,
+                      runtime_sizes: bool = False) -> list:
         return KERNELS["record_matmul"](self, a, b, out, alpha=alpha, bias=bias, beta=beta, act=act,
-                                        runtime_sizes=runtime_sizes)
+                                        residual=residual, runtime_sizes=runtime_sizes)
 
     def record_conv(self, x: View, w: View, bias: View | None, out: View, stride: tuple[int, int],
                     pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int,

@@ -181,6 +181,16 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
     ])
 
 
+@kernel("select_concat_kernel")
+def select_concat_kernel(part_sizes: list[int], dtype: Any) -> bool:
+    """A dispatch costs more than re-reading short parts: one kernel for 2-4 parts that are small, or all but one
+    small (a KV cache grown by a row). Not double-float storage, whose loads are pairs."""
+    if not 2 <= len(part_sizes) <= 4 or np.dtype(dtype) == np.float64:
+        return False
+    total = sum(part_sizes)
+    return total <= 1 << 16 or 8 * (total - max(part_sizes)) <= total
+
+
 @kernel("record_elementwise")
 def record_elementwise(be: WgpuBackend, expr: Expr, inputs: list[View], out: View,
                        runtime_sizes: bool = False) -> list[Any]:
