@@ -161,6 +161,9 @@ CHECKED_SHADERS = _declare("checked_shaders", "EMBER_CHECKED_SHADERS", _flag, Fa
                            "wgpu: create shader modules with bounds checks (an out-of-bounds access fails loudly).")
 DIRECT_CONV = _declare("direct_conv", "EMBER_DIRECT_CONV", _flag, True, "bool",
                        "wgpu: small-filter convs through the direct kernel (off: implicit GEMM, to compare).")
+GEMV = _declare("gemv", "EMBER_GEMV", _flag, True, "bool",
+                "wgpu: products of at most 4 rows (a decode step's) through the matrix-vector kernel (off: the "
+                "tiled GEMM, to compare).")
 SHARED_SCRATCH = _declare("shared_scratch", "EMBER_SHARED_SCRATCH", _flag, True, "bool",
                           "wgpu: past the private budget, kernels share one transient buffer per role.")
 SCRATCH_PRIVATE_MB = _declare("scratch_private_mb", "EMBER_SCRATCH_PRIVATE_MB", _amount, 256.0, "MiB",

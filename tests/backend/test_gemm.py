@@ -447,3 +447,46 @@ def test_gemm_errors(be: ember.ComputeBackend) -> None:
     finally:
         for h in (ha, hb, hc):
             be.free(h)
+
+
+# ---- the matrix-vector kernel (M <= 4: decode steps) ----------------------------------------------------------------
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("layout", ["rows", "cols"])
+@pytest.mark.parametrize("n, k", [(1, 1), (37, 300), (130, 2049)])
+def test_wgpu_gemv(wgpu_be: ember.ComputeBackend, rng: np.random.Generator, m: int, layout: str, n: int,
+                   k: int) -> None:
+    """B row-major (K, N) or transposed (a tied embedding as lm_head), batch 2 with a shared B, bias, residual and
+    an activation; ragged N and K (the tail loop, the last workgroup's idle columns)."""
+    be, nb = wgpu_be, 2
+    a = rng.standard_normal((nb, m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n) if layout == "rows" else (n, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    res = rng.standard_normal((nb, m, n)).astype(np.float32)
+    ha, hb, hbias, hr = upload(be, a), upload(be, b), upload(be, bias), upload(be, res)
+    ho = poisoned(be, nb * m * n + 7)
+    try:
+        bv = View(hb, F32, (nb, k, n), (0, n, 1) if layout == "rows" else (0, 1, k))
+        steps = be.record_matmul(View.contiguous(ha, F32, a.shape), bv, View.contiguous(ho, F32, (nb, m, n)),
+                                 bias=View(hbias, F32, (nb, m, n), (0, 0, 1)), alpha=0.5, act=call("relu", inp(0)),
+                                 residual=View.contiguous(hr, F32, res.shape))
+        assert [s.label for s in steps] == [f"matmul_gemv.{layout if min(n, k) > 1 else 'rows'}"]
+        be.execute(steps)
+        raw = download(be, ho, nb * m * n + 7)
+    finally:
+        for h in (ha, hb, hbias, hr, ho):
+            be.free(h)
+    wb = b.astype(np.float64) if layout == "rows" else b.astype(np.float64).T
+    ref = np.maximum(0.5 * np.matmul(a.astype(np.float64), wb) + bias + res, 0.0)
+    assert rel_err(raw[:nb * m * n].reshape(nb, m, n), ref) <= TOL
+    assert np.isnan(raw[nb * m * n:]).all()
+
+
+def test_wgpu_gemv_setting_off_takes_the_tiled_kernel(wgpu_be: ember.ComputeBackend) -> None:
+    h = wgpu_be.alloc(4 * 64)
+    try:
+        with ember.settings.override(gemv=False):
+            steps = wgpu_be.record_matmul(View.contiguous(h, F32, (1, 1, 8)), View.contiguous(h, F32, (1, 8, 4), 8),
+                                          View.contiguous(h, F32, (1, 1, 4), 48))
+        assert all(not s.label.startswith("matmul_gemv") for s in steps)
+    finally:
+        wgpu_be.free(h)

@@ -25,9 +25,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ... import settings
 from ...core.expr import Expr
 from ...core.view import View
 from .gemm import record_gemm_kernel
+from .matmul_gemv import gemv_layout, record_gemv
 from .program import KERNELS, WORKGROUPS_PER_DIM, grid_1d, kernel
 from .shader.bindings import Bindings, binding_windows, check_no_overlap, check_view, rebase_view, require_float
 from .shader.epilogue import Epilogue
@@ -198,6 +200,13 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
     if windows:
         a, b, out, bias, residual = (rebase_view(v, windows) for v in (a, b, out, bias, residual))
     binds = Bindings(out.handle, windows, types)
+    layout = gemv_layout(a, b, m) if not runtime_sizes and settings.GEMV.get() else None
+    if layout is not None:
+        for v in (a, b, bias, residual):
+            if v is not None:
+                binds.add(v.handle, False)
+        ep = matmul_epilogue(out, bias, alpha, beta, act, m, n, False, False, residual)
+        return record_gemv(be, a, b, out, ep, binds, layout)
     a_unit = (k == 1 or a.strides[2] == 1 or m == 1 or a.strides[1] == 1)
     b_unit = (n == 1 or b.strides[2] == 1 or k == 1 or b.strides[1] == 1)
     if not (a_unit and b_unit) or any(s < 0 for s in a.strides + b.strides):

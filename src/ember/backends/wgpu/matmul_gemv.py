@@ -1,0 +1,69 @@
+"""Matrix-vector products for M <= GEMV_MAX_M rows (a decode step's projections): kernels/matmul_gemv.wgsl.
+
+The tiled GEMM computes a 64 x 64 tile of which one row is real when M = 1 and splits K over more workgroups
+with a reduce kernel after; a decode step is memory-bound, so this kernel reads each weight element once, with
+consecutive invocations on consecutive addresses (along n for row-major B, along k for a transposed one), and
+takes the usual epilogue.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from ...core.view import View
+from .program import grid_1d
+from .shader.bindings import Bindings
+from .shader.epilogue import Epilogue
+from .shader.lifted import addr, u32
+from .shader.wgsl import PRELUDE
+
+if TYPE_CHECKING:
+    from .backend import WgpuBackend
+
+GEMV_MAX_M = 4  # rows: each re-reads A (small), B is read once for all of them
+ROWS_COLS = 16  # row-major B: 16 columns a workgroup, 16 lanes splitting each column's K
+COLS_COLS = 8  # transposed B: 8 columns a workgroup, 32 lanes reading consecutive k
+
+
+def gemv_layout(a: View, b: View, m: int) -> str | None:
+    """"rows" or "cols" (which of B's dims is contiguous) where the GEMV serves (B, M, K) @ (B, K, N), else None."""
+    if m > GEMV_MAX_M or any(s < 0 for s in a.strides + b.strides):
+        return None
+    if b.strides[2] == 1:
+        return "rows"
+    if b.strides[1] == 1:
+        return "cols"
+    return None
+
+
+def record_gemv(be: WgpuBackend, a: View, b: View, out: View, ep: Epilogue, binds: Bindings, layout: str) -> list:
+    nb, m, k = a.shape
+    n = b.shape[2]
+    cols = ROWS_COLS if layout == "rows" else COLS_COLS
+    lanes = 256 // cols
+    col_groups = -(-n // cols)
+    groups = nb * col_groups
+    col, lane = ("lid % COLSu", "lid / COLSu") if layout == "rows" else ("lid / LANESu", "lid % LANESu")
+    col, lane = (e.replace("COLSu", u32(cols)).replace("LANESu", u32(lanes)) for e in (col, lane))
+    a_idx = addr(a.offset, [("z", a.strides[0]), ("m", a.strides[1]), ("KK", a.strides[2])])
+    b_idx = addr(b.offset, [("z", b.strides[0]), ("KK", b.strides[1]), ("n", b.strides[2])])
+    load_a, load_b = binds.scalar(a.handle, a_idx), binds.scalar(b.handle, b_idx)
+    grid = grid_1d(groups)
+    header = "\n".join([
+        f"// ember gemv ({layout}): Z={nb} x (M={m} x K={k}) @ (K x N={n}); A strides {a.strides}, B strides "
+        f"{b.strides}", "// Bindings (group 0):", *binds.comment(), f"// Dispatch grid: {grid}"])
+    spec = dict(HEADER=header, PRELUDE=PRELUDE, BINDINGS="\n".join(binds.declarations()), EPILOGUE=ep.function(binds),
+                M=u32(m), N=u32(n), K=u32(k), COLS=u32(cols), LANES=u32(lanes), COL_GROUPS=u32(col_groups),
+                GROUPS=u32(groups), COL=col, LANE=lane, PARTIALS=m * 256)
+    for i, kk in enumerate(("k", "k1", "k2", "k3")):
+        spec[f"LOAD_A_K{i}"] = _at(load_a, kk)
+        spec[f"LOAD_B_K{i}"] = _at(load_b, kk)
+    src = be.kernel_source("matmul_gemv", **spec)
+    label = f"matmul_gemv.{layout}"
+    return [be.dispatch(be.pipeline(label, src), binds.buffers(), grid, label)]
+
+
+def _at(load: str, k: str) -> str:
+    """A load expression written over the placeholder index KK, at k."""
+    return re.sub(r"\bKK\b", k, load)
