@@ -272,10 +272,12 @@ class ComputeBackend(PublicOps, ABC):
         """How many tensors a MatMul's epilogue adds before its activation: 1 (bias), 2 with `matmul_residual`."""
         return 2 if self.matmul_residual else 1
 
-    def select_concat_kernel(self, part_sizes: list[int], dtype: Any) -> bool:
-        """Whether a Concat of parts of these sizes runs as one kernel that picks each element's source (one
-        dispatch; the other parts are read again per element) rather than a copy per part. Here: never (numpy's
-        slice copies are the faster way on the host)."""
+    def select_concat_kernel(self, parts: int, dtype: Any, skewed: bool) -> bool:
+        """Whether a Concat of `parts` non-empty parts runs as one kernel that picks each element's source (one
+        dispatch; the other parts are read again per element) rather than a copy per part. `skewed`: the parts
+        but the largest hold at most 1/8 of the elements, or all of them at most 2^16 (a KV cache grown by a row;
+        a coarse description, so a decode step's growing cache asks the same question every step). Here: never
+        (numpy's slice copies are the faster way on the host)."""
         return False
 
     # Whether record_conv takes `residual` (a tensor of the output's shape added before the activation, so a

@@ -142,7 +142,9 @@ class Concat(Op):
         shape = list(xs[0].shape)
         shape[axis] = sum(x.shape[axis] for x in xs)
         parts = [x for x in xs if x.size]
-        if len(parts) > 1 and ctx.backend.select_concat_kernel([p.size for p in parts], parts[0].dtype):
+        total = math.prod(shape)
+        skewed = total <= 1 << 16 or 8 * (total - max(p.size for p in parts)) <= total if parts else False
+        if len(parts) > 1 and ctx.backend.select_concat_kernel(len(parts), parts[0].dtype, skewed):
             return [self._picked(ctx, parts, axis, tuple(shape))]
         out = ctx.new(xs[0].dtype, shape)
         pos = 0

@@ -533,8 +533,8 @@ class WgpuBackend(ComputeBackend):
 
     matmul_residual = True
 
-    def select_concat_kernel(self, part_sizes: list[int], dtype: Any) -> bool:
-        return KERNELS["select_concat_kernel"](part_sizes, dtype)
+    def select_concat_kernel(self, parts: int, dtype: Any, skewed: bool) -> bool:
+        return KERNELS["select_concat_kernel"](parts, dtype, skewed)
 
     def record_matmul(self, a: View, b: View, out: View, *, alpha: float = 1.0, bias: View | None = None,
                       beta: float = 1.0, act: Expr | None = None, residual: View | None = None,

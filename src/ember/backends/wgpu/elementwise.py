@@ -182,13 +182,10 @@ def generate(expr: Expr, in_types: list[str], out_type: str, shape: tuple[int, .
 
 
 @kernel("select_concat_kernel")
-def select_concat_kernel(part_sizes: list[int], dtype: Any) -> bool:
+def select_concat_kernel(parts: int, dtype: Any, skewed: bool) -> bool:
     """A dispatch costs more than re-reading short parts: one kernel for 2-4 parts that are small, or all but one
     small (a KV cache grown by a row). Not double-float storage, whose loads are pairs."""
-    if not 2 <= len(part_sizes) <= 4 or np.dtype(dtype) == np.float64:
-        return False
-    total = sum(part_sizes)
-    return total <= 1 << 16 or 8 * (total - max(part_sizes)) <= total
+    return skewed and 2 <= parts <= 4 and np.dtype(dtype) != np.float64
 
 
 @kernel("record_elementwise")
