@@ -8,11 +8,12 @@ flat KV cache (tests/models/decoders.py), decoded greedily a token a step from a
 Columns per engine: ms per step over the loop (each step a new past length, as in a real decode; the median, and
 for ember the mean and the slowest step after the first four, which include a live plan's regrowth), tokens/s, and
 for ember the ms of a step whose plan exists already (the same length run again: the replay alone, what a
-shape-polymorphic plan would cost per step), the GPU time of that replay (wgpu), the plans it built, and the
-growth of the process's RSS and of the backend's bytes from the fifth step to the last (the issue's memory target:
-flat over a 512-step decode, `--steps 512`, beyond the live plan's regrowths, which the bytes columns include). ember
-keeps the cache on the device (`keep_on_device=True`, presents fed back as pasts); torch runs the transformers
-model eagerly on CUDA with a DynamicCache; ort-cpu is ONNX Runtime's CPU provider on the same export.
+shape-polymorphic plan would cost per step), the GPU time of that replay (wgpu), the steps (kernels) a step
+records, the plans it built, and the growth of the process's RSS and of the backend's bytes from the fifth step to
+the last (the issue's memory target: flat over a 512-step decode, `--steps 512`, beyond the live plan's regrowths,
+which the bytes columns include). ember keeps the cache on the device (`keep_on_device=True`, presents fed back as
+pasts); torch runs the transformers model eagerly on CUDA with a DynamicCache; ort-cpu is ONNX Runtime's CPU
+provider on the same export.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
     return {"ms/step": step_ms, "tok/s": 1e3 / step_ms, "mean ms/step": mean_ms, "max ms": max(times[4:] or times),
             "first 4 steps ms": [round(t, 1) for t in times[:4]],
             "replay ms": replay.median, **({"replay GPU ms": gpu} if gpu is not None else {}),
-            "builds": info["builds"], "from template": info["from_template"],
+            "kernels/step": model.plan_info(last)["steps"], "builds": info["builds"],
+            "from template": info["from_template"],
             **({"RSS +MB": mem[-1][0] - mem[0][0], "RSS MB": mem[-1][0],
                 "backend +MB": (mem[-1][1] - mem[0][1]) / 2**20, "plan MB": info["bytes"] / 2**20}
                if len(mem) == 2 else {}),
