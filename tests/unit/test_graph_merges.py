@@ -245,3 +245,32 @@ def test_is_contiguous_ignores_strides_of_size_one_dims() -> None:
     assert View(0, np.float32, (1, 4, 1, 3), (99, 3, 7, 1)).is_contiguous()
     assert not View(0, np.float32, (2, 3), (1, 2)).is_contiguous()
     assert View(0, np.float32, (1, 1, 768), (2304, 2304, 1), 768).is_contiguous()  # a Split of a fused QKV row
+
+
+def test_duplicates_merge_into_subgraphs(backend_name: str) -> None:
+    """A constant merged with an equal one is renamed inside the If branches that read it from the outer graph."""
+    inits = {"one_a": np.ones(1, np.float32), "one_b": np.ones(1, np.float32)}
+    then_g = helper.make_graph([helper.make_node("Add", ["x", "one_b"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", F, [3])])
+    else_g = helper.make_graph([helper.make_node("Sub", ["x", "one_b"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", F, [3])])
+    nodes = [helper.make_node("Mul", ["x", "one_a"], ["y0"]),
+             helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "one_a"], ["c0"]),
+             helper.make_node("Squeeze", ["c0"], ["c"]),
+             helper.make_node("If", ["c"], ["y1"], then_branch=then_g, else_branch=else_g)]
+    outs = [helper.make_tensor_value_info(n, F, None) for n in ("y0", "y1")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [3])], outs, inits)
+    for x in (np.array([1.0, 2.0, 3.0], np.float32), np.array([-1.0, 0.5, 0.0], np.float32)):
+        m = _compare(model, {"x": x}, backend_name)
+    assert m.rewrites["duplicates_merged"] == 0  # two equal constants are one name, not a node
+    assert "one_b" not in m.graph.initializers
+
+
+def test_parallel_matmuls_merge_in_float16(wgpu_be: ember.ComputeBackend) -> None:
+    model, feeds = _parallel([True, True, True])
+    m = ember.load_onnx(model, backend="wgpu", precision="f16")
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for name, want in zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True):
+        np.testing.assert_allclose(np.asarray(m.run(feeds)[name]), want, atol=2e-2, rtol=2e-2)
+    assert m.rewrites["matmuls_merged"] == 2
