@@ -200,6 +200,9 @@ class Calls:
     def __init__(self, tape: Tape, backend: ComputeBackend, handles: dict[Ref, int]) -> None:
         self.tape, self.backend, self.handles = tape, backend, handles
         self.objects: dict[int, Any] = {}
+        # A question's answers at the current point by (method, skeleton, numbers): every layer of a decoder
+        # asks the same select_attention at a move; the backend answers once.
+        self._answers: tuple[int, dict] = (0, {})
 
     def real(self, ref: Ref) -> int:
         return self.handles[ref]
@@ -212,6 +215,18 @@ class Calls:
         """Entry i's call at `point` (an upload, a record call, a question or a kernel selection): a record
         call's steps, else None. A question answered otherwise than `point` says is a Mismatch."""
         e = self.tape.entries[i]
+        key = None
+        if e.kind not in ("upload", "steps", "object") and e.receiver is None:
+            if self._answers[0] != id(point):
+                self._answers = (id(point), {})
+            try:
+                key = (e.method, e.skeleton, tuple(point.leaves[i]))
+                hit = self._answers[1].get(key)
+            except TypeError:  # unhashable numbers or skeleton: asked as it is
+                key, hit = None, None
+            if hit is not None:
+                _same_answer(e, hit[0], point.results[i], self.tape)
+                return None
         a, kw = decode_call(e.skeleton, list(point.leaves[i]), self.real, self.fn)
         if e.kind == "upload":
             self.backend.upload(a[0], a[1])
@@ -229,6 +244,8 @@ class Calls:
             self.objects[i] = result
         else:
             _same_answer(e, result, point.results[i], self.tape)
+            if key is not None:
+                self._answers[1][key] = (result,)
         return None
 
     def io(self, point: Point) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]]:
