@@ -202,7 +202,7 @@ class Calls:
         self.objects: dict[int, Any] = {}
         # A question's answers at the current point by (method, skeleton, numbers): every layer of a decoder
         # asks the same select_attention at a move; the backend answers once.
-        self._answers: tuple[int, dict] = (0, {})
+        self._answers: tuple[Point | None, dict] = (None, {})
 
     def real(self, ref: Ref) -> int:
         return self.handles[ref]
@@ -217,8 +217,8 @@ class Calls:
         e = self.tape.entries[i]
         key = None
         if e.kind not in ("upload", "steps", "object") and e.receiver is None:
-            if self._answers[0] != id(point):
-                self._answers = (id(point), {})
+            if self._answers[0] is not point:  # the point itself, not its id: a new point may reuse an id
+                self._answers = (point, {})
             try:
                 key = (e.method, e.skeleton, tuple(point.leaves[i]))
                 hit = self._answers[1].get(key)
