@@ -19,9 +19,9 @@ from .zoo import _cached, _quiet_export
 
 @dataclass(frozen=True)
 class Decoder:
-    """A decoder's config: the architecture ("gpt2", "llama" or "qwen2") and its sizes; `jitter`: every vector
-    parameter (norm gammas and betas, biases) moved off its initial value, so a fused norm that dropped its affine
-    tail shows in the outputs."""
+    """A decoder's config: the architecture ("gpt2", "llama", "qwen2", "phi" or "gpt_neox") and its sizes;
+    `jitter`: every vector parameter (norm gammas and betas, biases) moved off its initial value, so a fused norm
+    that dropped its affine tail shows in the outputs."""
 
     arch: str
     layers: int = 2
@@ -54,6 +54,8 @@ class Decoder:
 GPT2 = Decoder("gpt2")
 LLAMA = Decoder("llama", heads=4, kv_heads=2)
 QWEN2 = Decoder("qwen2", heads=4, kv_heads=2)
+PHI = Decoder("phi")
+GPT_NEOX = Decoder("gpt_neox")
 
 
 def build(cfg: Decoder, seed: int = 0) -> Any:
@@ -73,6 +75,13 @@ def build(cfg: Decoder, seed: int = 0) -> Any:
             num_key_value_heads=cfg.kv_heads, intermediate_size=cfg.ff, vocab_size=cfg.vocab,
             max_position_embeddings=cfg.positions)
         model = getattr(transformers, f"{prefix}ForCausalLM")(config)
+    elif cfg.arch in ("phi", "gpt_neox"):  # rotary over part of each head (Phi's half, GPT-NeoX's quarter)
+        cls = {"phi": "Phi", "gpt_neox": "GPTNeoX"}[cfg.arch]
+        extra = {"num_key_value_heads": cfg.kv_heads} if cfg.arch == "phi" else {}
+        config = getattr(transformers, f"{cls}Config")(
+            num_hidden_layers=cfg.layers, hidden_size=cfg.hidden, num_attention_heads=cfg.heads,
+            intermediate_size=cfg.ff, vocab_size=cfg.vocab, max_position_embeddings=cfg.positions, **extra)
+        model = getattr(transformers, f"{cls}ForCausalLM")(config)
     else:
         raise ValueError(f"unknown decoder architecture {cfg.arch!r}")
     if cfg.jitter:

@@ -72,6 +72,17 @@ def test_greedy_decode_matches_onnxruntime(backend_name: str, cfg: Decoder, expo
     assert info["weight_bytes"] > 0 and info["evictions"] == 0
 
 
+@pytest.mark.parametrize("cfg", [decoders.PHI, decoders.GPT_NEOX], ids=["phi", "gpt_neox"])
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_partial_rotary_decode_matches_onnxruntime(backend_name: str, cfg: Decoder, exporter: str) -> None:
+    """Rotary over part of each head (Phi: half, GPT-NeoX: a quarter): RotateHalf on the rotated slice, the rest
+    passed through, every step equal to ONNX Runtime's."""
+    model, shapes = _greedy(cfg, str(decoders.export(cfg, exporter)), backend_name, 12, prefill=True)
+    assert shapes == 12
+    assert model.rewrites["rotary_fused"] == 2 * cfg.layers
+    assert model.stats()["rotary.fused"] == 2 * cfg.layers * 12
+
+
 def test_a_small_plan_cache_evicts_during_decode_and_stays_correct() -> None:
     path = str(decoders.export(GPT2, "torchscript"))
     model = ember.load_onnx(path, backend="cpu", plan_cache_bytes=1)
