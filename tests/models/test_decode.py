@@ -127,9 +127,11 @@ def test_precision_f16_decode_is_made_from_a_template() -> None:
 # A decode step's kernels for the 2-layer configs (GPT2, LLAMA, QWEN2), the most each backend may record: the
 # rewrites that keep them down are rotary (RotateHalf), Q/K/V and gate/up as one product, the per-layer mask
 # computed once, reshapes of strided data as views, residual adds in the products' epilogues, and on wgpu a
-# Concat (the grown KV cache) as one kernel. A regression in any of them shows here as more steps.
-STEP_BUDGET = {("gpt2", "wgpu"): 27, ("gpt2", "cpu"): 35, ("llama", "wgpu"): 35, ("llama", "cpu"): 39,
-               ("qwen2", "wgpu"): 35, ("qwen2", "cpu"): 39}
+# Concat (the grown KV cache) as one kernel. A regression in any of them shows here as more steps. (The cpu
+# backend composes RotateHalf of views, two copies and a kernel, and copies a Concat part by part: numpy's
+# slices are cheaper there than one kernel's computed indices.)
+STEP_BUDGET = {("gpt2", "wgpu"): 27, ("gpt2", "cpu"): 35, ("llama", "wgpu"): 35, ("llama", "cpu"): 47,
+               ("qwen2", "wgpu"): 35, ("qwen2", "cpu"): 47}
 
 
 @pytest.mark.parametrize("cfg", [GPT2, LLAMA, decoders.QWEN2], ids=["gpt2", "llama", "qwen2"])

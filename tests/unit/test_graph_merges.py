@@ -84,7 +84,8 @@ def test_rotate_half_matches_onnxruntime(backend_name: str, case: str) -> None:
              "sin": rng.standard_normal(cos_shape).astype(np.float32)}
     m = _compare(model, feeds, backend_name)
     assert m.rewrites["rotary_fused"] == 1
-    assert m.plan_info(feeds)["steps"] == 1
+    # One kernel on wgpu; on cpu the two halves' copies and the mix (numpy's slices beat computed indices there).
+    assert m.plan_info(feeds)["steps"] == (1 if backend_name == "wgpu" else 3)
     assert m.plan_info(feeds)["rotary.fused"] == 1
 
 

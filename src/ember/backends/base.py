@@ -272,6 +272,12 @@ class ComputeBackend(PublicOps, ABC):
         """How many tensors a MatMul's epilogue adds before its activation: 1 (bias), 2 with `matmul_residual`."""
         return 2 if self.matmul_residual else 1
 
+    def select_index_kernels(self) -> bool:
+        """Whether kernels that read their inputs at computed indices (RotateHalf's two halves in one pass) beat
+        the same work composed of views, copies and plain elementwise kernels. Here: no (numpy's fancy indexing
+        costs more than its slices)."""
+        return False
+
     def select_concat_kernel(self, parts: int, dtype: Any, skewed: bool) -> bool:
         """Whether a Concat of `parts` non-empty parts runs as one kernel that picks each element's source (one
         dispatch; the other parts are read again per element) rather than a copy per part. `skewed`: the parts

@@ -20,7 +20,7 @@ from .elementwise import emit
 from .exprs import int_const, kernel
 from .normalization import normalize
 from .reduce import reduce_axes
-from .shape import reshape_view
+from .shape import reshape_view, slice_view
 
 EMBER = "ai.ember"
 PATTERNS = ("rmsnorm", "layernorm", "softmax", "gelu", "quickgelu", "attention", "rotary")
@@ -385,6 +385,8 @@ class RotateHalf(Op):
             raise ValueError(f"{desc}: x {x.shape}, cos {cos.shape}, the rotated halves {halves} and sin "
                              f"{sin.shape} do not broadcast") from None
         ctx.count("rotary.fused")
+        if not ctx.backend.select_index_kernels():
+            return [self._composed(ctx, x, cos, sin, cut, cat, (lo2, p2), (lo1, p1), halves)]
         off = len(shape) - x.rank
         c = [coord(i) for i in range(len(shape))]
 
@@ -402,3 +404,22 @@ class RotateHalf(Op):
         mixed = call("add", call("mul", own, inp(1, k)), call("mul", rotated, inp(2, k)))
         views = [ctx.view(x), ctx.view(cos).broadcast_to(shape), ctx.view(sin).broadcast_to(shape)]
         return [kernel(ctx, mixed, views, x.dtype, shape)]
+
+    def _composed(self, ctx: Context, x: Tensor, cos: Tensor, sin: Tensor, cut: int, cat: int,
+                  second: tuple[int, tuple[int, ...]], first: tuple[int, tuple[int, ...]],
+                  halves: tuple[int, ...]) -> Tensor:
+        """The same as views of the two slices, one copy each into the rotated halves (the second negated on
+        the way) and one elementwise kernel for the mix."""
+        k = kind_of(x.dtype)
+        rotated = ctx.new(x.dtype, halves)
+        at = 0
+        for (lo, part), negate in ((second, True), (first, False)):
+            if math.prod(part):
+                src = slice_view(ctx, x, cut, lo, lo + part[cut])
+                dst = rotated.view
+                dst = View(dst.handle, dst.dtype, part, dst.strides, dst.offset + at * dst.strides[cat])
+                expr = call("neg", inp(0, k)) if negate else inp(0, k)
+                ctx.record(ctx.backend.record_elementwise(expr, [ctx.view(src)], dst))
+            at += part[cat]
+        mix = call("add", call("mul", inp(0, k), inp(1, k)), call("mul", inp(2, k), inp(3, k)))
+        return emit(ctx, self, mix, [x, cos, rotated, sin], x.dtype)

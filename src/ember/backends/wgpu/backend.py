@@ -533,6 +533,9 @@ class WgpuBackend(ComputeBackend):
 
     matmul_residual = True
 
+    def select_index_kernels(self) -> bool:
+        return True
+
     def select_concat_kernel(self, parts: int, dtype: Any, skewed: bool) -> bool:
         return KERNELS["select_concat_kernel"](parts, dtype, skewed)
 
