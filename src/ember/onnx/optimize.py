@@ -65,15 +65,20 @@ def fusion_misses(rewrites: dict[str, int], plan_stats: dict[str, Any]) -> list[
 def _rename_input(graph: Graph, old: str, new: str) -> None:
     """Every read of `old` becomes one of `new`, inside subgraphs too (unless a subgraph defines its own `old`)."""
     for n in graph.nodes:
-        n.inputs = [new if i == old else i for i in n.inputs]
-        if old in n.implicit:
-            n.implicit = list(dict.fromkeys(new if i == old else i for i in n.implicit))
-            for sub in n.subgraphs():
-                if old not in {vi.name for vi in sub.inputs} | set(sub.initializers):
-                    _rename_input(sub, old, new)
-                    for vi in sub.outputs:  # a branch that returns the outer value itself
-                        if vi.name == old:
-                            vi.name = new
+        _rename_in_node(n, old, new)
+
+
+def _rename_in_node(n: Node, old: str, new: str) -> None:
+    """Node n's reads of `old` become reads of `new`, its subgraphs' outer-scope reads included."""
+    n.inputs = [new if i == old else i for i in n.inputs]
+    if old in n.implicit:
+        n.implicit = list(dict.fromkeys(new if i == old else i for i in n.implicit))
+        for sub in n.subgraphs():
+            if old not in {vi.name for vi in sub.inputs} | set(sub.initializers):
+                _rename_input(sub, old, new)
+                for vi in sub.outputs:  # a branch that returns the outer value itself
+                    if vi.name == old:
+                        vi.name = new
 
 
 def fold_constants(graph: Graph) -> int:
@@ -223,12 +228,12 @@ def merge_duplicates(graph: Graph) -> int:
     keep: list[Node] = []
     merged = 0
     for n in graph.nodes:
-        n.inputs = [rename.get(i, i) for i in n.inputs]
         if n.subgraphs():
-            for old in [i for i in n.implicit if i in rename]:
-                _rename_input(Graph([n], [], [], {}), old, rename[old])
+            for old in [i for i in (*n.inputs, *n.implicit) if i in rename]:
+                _rename_in_node(n, old, rename[old])
             keep.append(n)
             continue
+        n.inputs = [rename.get(i, i) for i in n.inputs]
         try:
             key = (n.domain, n.op_type, n.opset, tuple(n.inputs), tuple(sorted((k, _frozen(v))
                                                                          for k, v in n.attrs.items())))

@@ -75,7 +75,7 @@ class MatMul(Op):
                    a3: View = a3, b3: View = b3, o3: tuple = o3) -> list:
             o = View(out.handle, out.dtype, o3[0], o3[1], out.offset)
             return ctx.backend.record_matmul(a3, b3, o, act=act, bias=in_3d(ctx, bias, o3[0]),
-                                             **addend(ctx, residual, o3[0]))
+                                             residual=in_3d(ctx, residual, o3[0]))
 
         return [anchored(ctx, a.dtype, shape, record, [a3, b3], takes_bias=ctx.backend.select_matmul_addends(),
                          flat=True)]
@@ -87,11 +87,6 @@ def in_3d(ctx: Context, v: View | None, shape: tuple[int, int, int]) -> View | N
         return None
     r = v.reshaped(shape)
     return r if r is not None else ctx.contiguous(Tensor(v.dtype, v.shape, view=v)).reshaped(shape)
-
-
-def addend(ctx: Context, residual: View | None, shape: tuple[int, int, int]) -> dict:
-    """record_matmul's residual argument, where there is one (a backend without matmul_residual never gets one)."""
-    return {} if residual is None else {"residual": in_3d(ctx, residual, shape)}
 
 
 @register("Gemm", 1)
@@ -129,7 +124,7 @@ class Gemm(Op):
                 c, beta = in_3d(ctx, more.pop(0), (1, m, n)), 1.0
             return ctx.backend.record_matmul(a3, b3, View(out.handle, out.dtype, (1, m, n), (0, n, 1), out.offset),
                                              alpha=self.attr["alpha"], bias=c, beta=beta, act=act,
-                                             **addend(ctx, more[0] if more else None, (1, m, n)))
+                                             residual=in_3d(ctx, more[0] if more else None, (1, m, n)))
 
         takes = ctx.backend.select_matmul_addends() - (bias is not None)
         return [anchored(ctx, a.dtype, (m, n), record, [a3, b3, bias], takes_bias=takes, flat=True)]

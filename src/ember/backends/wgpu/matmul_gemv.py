@@ -8,7 +8,6 @@ takes the usual epilogue.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 from ...core.view import View
@@ -27,7 +26,7 @@ COLS_COLS = 8  # transposed B: 8 columns a workgroup, 32 lanes reading consecuti
 
 
 def gemv_layout(a: View, b: View, m: int) -> str | None:
-    """"rows" or "cols" (which of B's dims is contiguous) where the GEMV serves (B, M, K) @ (B, K, N), else None."""
+    """Which of B's dims is contiguous ("rows" or "cols") where the GEMV serves (B, M, K) @ (B, K, N), else None."""
     if m > GEMV_MAX_M or any(s < 0 for s in a.strides + b.strides):
         return None
     if b.strides[2] == 1:
@@ -44,11 +43,10 @@ def record_gemv(be: WgpuBackend, a: View, b: View, out: View, ep: Epilogue, bind
     lanes = 256 // cols
     col_groups = -(-n // cols)
     groups = nb * col_groups
-    col, lane = ("lid % COLSu", "lid / COLSu") if layout == "rows" else ("lid / LANESu", "lid % LANESu")
-    col, lane = (e.replace("COLSu", u32(cols)).replace("LANESu", u32(lanes)) for e in (col, lane))
-    a_idx = addr(a.offset, [("z", a.strides[0]), ("m", a.strides[1]), ("KK", a.strides[2])])
-    b_idx = addr(b.offset, [("z", b.strides[0]), ("KK", b.strides[1]), ("n", b.strides[2])])
-    load_a, load_b = binds.scalar(a.handle, a_idx), binds.scalar(b.handle, b_idx)
+    if layout == "rows":  # consecutive invocations on consecutive columns
+        col, lane = f"lid % {u32(cols)}", f"lid / {u32(cols)}"
+    else:  # consecutive invocations on consecutive k of one column
+        col, lane = f"lid / {u32(lanes)}", f"lid % {u32(lanes)}"
     grid = grid_1d(groups)
     header = "\n".join([
         f"// ember gemv ({layout}): Z={nb} x (M={m} x K={k}) @ (K x N={n}); A strides {a.strides}, B strides "
@@ -56,14 +54,12 @@ def record_gemv(be: WgpuBackend, a: View, b: View, out: View, ep: Epilogue, bind
     spec = dict(HEADER=header, PRELUDE=PRELUDE, BINDINGS="\n".join(binds.declarations()), EPILOGUE=ep.function(binds),
                 M=u32(m), N=u32(n), K=u32(k), COLS=u32(cols), LANES=u32(lanes), COL_GROUPS=u32(col_groups),
                 GROUPS=u32(groups), COL=col, LANE=lane, PARTIALS=m * 256)
-    for i, kk in enumerate(("k", "k1", "k2", "k3")):
-        spec[f"LOAD_A_K{i}"] = _at(load_a, kk)
-        spec[f"LOAD_B_K{i}"] = _at(load_b, kk)
+    for i, kk in enumerate(("k", "k1", "k2", "k3")):  # the loads at the four k of an unrolled step
+        spec[f"LOAD_A_K{i}"] = binds.scalar(a.handle, addr(a.offset, [("z", a.strides[0]), ("m", a.strides[1]),
+                                                                      (kk, a.strides[2])]))
+        spec[f"LOAD_B_K{i}"] = binds.scalar(b.handle, addr(b.offset, [("z", b.strides[0]), (kk, b.strides[1]),
+                                                                      ("n", b.strides[2])]))
     src = be.kernel_source("matmul_gemv", **spec)
     label = f"matmul_gemv.{layout}"
     return [be.dispatch(be.pipeline(label, src), binds.buffers(), grid, label)]
 
-
-def _at(load: str, k: str) -> str:
-    """A load expression written over the placeholder index KK, at k."""
-    return re.sub(r"\bKK\b", k, load)
