@@ -195,9 +195,8 @@ def main() -> None:
                 same = {}
                 if ref is not None and "tokens" in r:  # equal, or how many leading tokens agree (random weights
                     # leave top-2 logits close: float16 / int4 rounding between engines can flip a greedy pick)
-                    lead = next((i for i, (x, y) in enumerate(zip(r["tokens"], ref, strict=False)) if x != y), None)
-                    same = {"same tokens as og": True if lead is None and len(r["tokens"]) == len(ref)
-                            else f"first {lead if lead is not None else min(len(ref), len(r['tokens']))} of {len(ref)}"}
+                    lead = len(os.path.commonprefix([r["tokens"], ref]))
+                    same = {"same tokens as og": r["tokens"] == ref or f"first {lead} of {len(ref)}"}
                 rows.append({"model": name, "precision": precision, "engine": engine, **r, **same})
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
