@@ -15,3 +15,18 @@ rm -rf "$site_dir"
 # The GPU kernels again with checked shader modules: an out-of-bounds access fails here instead of
 # corrupting memory in trusted mode.
 EMBER_CHECKED_SHADERS=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/backend -k wgpu
+# The GPU kernels again on Dawn, the second WebGPU runtime (webgpu="dawn"). Dawn rejects Debian 12's Mesa 22
+# lavapipe: scripts/mesa-backports.sh unpacks Mesa 25's beside it for this pass only (the passes above keep the
+# system's driver).
+dawn_sees_adapter() {
+  .venv/bin/python -c 'import sys; from ember.backends.wgpu import device as d, runtime as r
+sys.exit(0 if d.adapters_available(r.runtime("dawn")) else 1)' 2>/dev/null
+}
+if ! dawn_sees_adapter; then
+  eval "$(scripts/mesa-backports.sh "${XDG_CACHE_HOME:-$HOME/.cache}/ember/mesa-backports")"
+fi
+if ! dawn_sees_adapter; then
+  echo "Dawn (wgpudawn) sees no Vulkan adapter: install Mesa >= 24's mesa-vulkan-drivers or a GPU driver" >&2
+  exit 1
+fi
+EMBER_WEBGPU=dawn .venv/bin/python -m pytest -q -p no:cacheprovider tests/backend -k wgpu

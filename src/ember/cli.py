@@ -164,10 +164,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def list_backends(args: argparse.Namespace) -> int:
+    from .backends.wgpu.runtime import dawn_installed
+
     for name in ember.available_backends():
-        be = ember.backend(name)
-        extra = f": {be.adapter_name}" if name == "wgpu" else ""
-        print(f"{name}{extra}")
+        if name != "wgpu":
+            print(name)
+            continue
+        # Each WebGPU runtime installed, with its adapter and matrix arm ("auto" says which one load_onnx takes).
+        for webgpu in ("wgpu-native", "dawn") if dawn_installed() else ("wgpu-native",):
+            try:
+                info = ember.backend(name, webgpu=webgpu).runtime_info()
+            except RuntimeError as e:
+                print(f"{name} ({webgpu}): unavailable: {e}")
+                continue
+            configs = ", ".join(info["matrix_configs"]) or "none"
+            print(f"{name} ({webgpu} {info['version']}): {info['adapter']}; matrix configs: {configs}; "
+                  f"matrix arm: {info['matrix']}")
+        from .backends.wgpu.runtime import resolve
+
+        print(f"wgpu webgpu='auto' takes: {resolve()}")
     return 0
 
 

@@ -99,12 +99,14 @@ LOAD_OPTIONS = ("fuse", "precision", "plan_cache_bytes", "autotune", *BACKEND_OP
 
 
 def check_load_options(backend: Any, fuse: Any, precision: Any, plan_cache_bytes: Any, autotune: Any, adapter: Any,
-                       power_preference: Any, safe: Any = False) -> int:
+                       power_preference: Any, safe: Any = False, webgpu: Any = None) -> int:
     """TypeError/ValueError naming the option and the value given, for a value of the wrong type or out of range;
     the plan cache's limit in bytes otherwise. Whether the device can do precision='f16' is checked once it is
     open (check_f16)."""
-    if isinstance(backend, ComputeBackend) and (adapter is not None or power_preference is not None):
-        given = [k for k, v in (("adapter", adapter), ("power_preference", power_preference)) if v is not None]
+    if isinstance(backend, ComputeBackend) and (adapter is not None or power_preference is not None
+                                                or webgpu is not None):
+        given = [k for k, v in (("adapter", adapter), ("power_preference", power_preference), ("webgpu", webgpu))
+                 if v is not None]
         raise ValueError(f"{', '.join(given)}: pick the device of a backend given by name; the {backend.name} "
                          "backend object given has its device already")
     if not isinstance(fuse, (bool, np.bool_)):
@@ -113,7 +115,7 @@ def check_load_options(backend: Any, fuse: Any, precision: Any, plan_cache_bytes
         raise ValueError(f"precision: expected one of {list(PRECISIONS)}, got {precision!r}")
     if autotune is not None and not isinstance(autotune, bool):
         raise TypeError(f"autotune: expected True, False or None, got {autotune!r}")
-    check_backend_options(adapter, power_preference, safe)
+    check_backend_options(adapter, power_preference, safe, webgpu)
     if safe and isinstance(backend, ComputeBackend) and backend.name == "wgpu" and not getattr(backend, "checked", 1):
         raise ValueError("safe=True: the wgpu backend object given runs trusted shader modules; give the backend "
                          "by name, or make it with ember.backend('wgpu', safe=True)")
@@ -138,11 +140,12 @@ class Model:
 
     def __init__(self, graph: Graph, backend: str | ComputeBackend, source: str, *, fuse: bool = True,
                  precision: str = "f32", autotune: bool | None = None, plan_cache_bytes: int | None = None,
-                 adapter: int | str | None = None, power_preference: str | None = None, safe: bool = False) -> None:
+                 adapter: int | str | None = None, power_preference: str | None = None, safe: bool = False,
+                 webgpu: str | None = None) -> None:
         self._limit = check_load_options(backend, fuse, precision, plan_cache_bytes, autotune, adapter,
-                                         power_preference, safe)
-        backend_opts = {k: v for k, v in (("adapter", adapter), ("power_preference", power_preference), ("safe", safe))
-                        if v is not None and v is not False}
+                                         power_preference, safe, webgpu)
+        backend_opts = {k: v for k, v in (("adapter", adapter), ("power_preference", power_preference), ("safe", safe),
+                                          ("webgpu", webgpu)) if v is not None and v is not False}
         self.graph = graph
         self.fuse = bool(fuse)
         self.autotune = autotune
@@ -409,7 +412,7 @@ class Model:
                     "intermediate_bytes": plan.intermediate_bytes,
                     "intermediate_bytes_without_reuse": plan.intermediate_bytes_without_reuse,
                     "scratch_bytes": plan.scratch_bytes(), "device_bytes": plan.device_bytes,
-                    "symbolic_dims": self._symbolic_dims(), **plan.stats,
+                    "symbolic_dims": self._symbolic_dims(), "runtime": self._be.runtime_info(), **plan.stats,
                     "fusion_misses": fusion_misses(self.rewrites, plan.stats)}  # near misses, fallbacks: why
 
     def _symbolic_dims(self) -> dict[str, dict[int, str | None] | None]:
@@ -509,14 +512,21 @@ _SHARED_LOCK = threading.Lock()
 
 
 def shared_backend(name: str, *, adapter: int | str | None = None, power_preference: str | None = None,
-                   safe: bool = False, **unknown: Never) -> ComputeBackend:
+                   safe: bool = False, webgpu: str | None = None, **unknown: Never) -> ComputeBackend:
     """One backend object (one device) per name and options in a process: models loaded onto it share the
     device, its pipeline cache, and can pass DeviceArrays to each other. The options are ember.backend()'s."""
     reject_unknown("shared_backend()", unknown, BACKEND_OPTIONS)
     opts = {k: v for k, v in (("adapter", adapter), ("power_preference", power_preference), ("safe", safe))
             if v is not None and v is not False}
     if isinstance(name, str) and name.lower() == "auto":
-        name = make_backend("auto", **opts).name  # resolves EMBER_BACKEND / the best available
+        name = make_backend("auto", **opts, **({"webgpu": webgpu} if webgpu else {})).name  # EMBER_BACKEND / the best
+    if canonical_name(name) == "wgpu":
+        from .backends.wgpu.runtime import resolve
+
+        # Keyed by the runtime it resolves to: "auto", None and the name it picks share one device.
+        opts["webgpu"] = resolve(webgpu)
+    elif webgpu is not None:
+        opts["webgpu"] = webgpu  # the cpu backend refuses it, naming it
     key = (canonical_name(name), tuple(sorted(opts.items())))
     with _SHARED_LOCK:
         be = _SHARED.get(key)
@@ -528,7 +538,7 @@ def shared_backend(name: str, *, adapter: int | str | None = None, power_prefere
 def load_onnx(model: Any, backend: str | ComputeBackend = "auto", *, external_data_dir: Any = None,
               fuse: bool = True, precision: str = "f32", plan_cache_bytes: int | None = None,
               autotune: bool | None = None, adapter: int | str | None = None, power_preference: str | None = None,
-              safe: bool = False,
+              safe: bool = False, webgpu: str | None = None,
               **unknown: Never) -> Model:
     """Load an ONNX model (path, bytes or onnx.ModelProto) onto a backend: "auto", "wgpu", "cpu" (models on
     the same name and options share one device), or a ComputeBackend object from ember.backend().
@@ -545,6 +555,8 @@ def load_onnx(model: Any, backend: str | ComputeBackend = "auto", *, external_da
         cached on disk per adapter (see ember/backends/wgpu/autotune.py).
       adapter (int, str or None) and power_preference ("low-power", "high-performance" or None), default None:
         pick the wgpu device, as in ember.backend(); only with a backend given by name.
+      webgpu ("auto", "dawn", "wgpu-native" or None, default None: EMBER_WEBGPU, else "auto"): the WebGPU runtime
+        of the wgpu backend, as in ember.backend(); only with a backend given by name.
       safe (bool, default False): for models from untrusted sources. wgpu runs the model with shader modules
         that bounds-check every access (EMBER_CHECKED_SHADERS for one model), on a device of its own, instead of
         relying on ember's host-side shape and index checks alone; slower. The cpu backend is always checked.
@@ -562,9 +574,10 @@ def load_onnx(model: Any, backend: str | ComputeBackend = "auto", *, external_da
     does not allow, and initializers whose data does not fill their dims. An op ember cannot run raises
     NotImplementedError."""
     reject_unknown("load_onnx()", unknown, LOAD_OPTIONS)
-    check_load_options(backend, fuse, precision, plan_cache_bytes, autotune, adapter, power_preference, safe)
+    check_load_options(backend, fuse, precision, plan_cache_bytes, autotune, adapter, power_preference, safe, webgpu)
     options = {"fuse": bool(fuse), "precision": precision, "plan_cache_bytes": plan_cache_bytes,
-               "autotune": autotune, "adapter": adapter, "power_preference": power_preference, "safe": safe}
+               "autotune": autotune, "adapter": adapter, "power_preference": power_preference, "safe": safe,
+               "webgpu": webgpu}
     if isinstance(backend, ComputeBackend):
         backend._require_init()
     elif not (isinstance(backend, str) and backend.lower() == "auto"):

@@ -36,7 +36,7 @@ __all__ = ["EmberBackend", "EmberBackendRep", "is_compatible", "parse_device", "
 # load_onnx's options that prepare passes on; everything else it is given is refused, except the keywords ONNX's
 # test runner passes to every backend (its per-test tolerances and run_node's opset).
 LOAD_OPTIONS = frozenset({"fuse", "precision", "autotune", "plan_cache_bytes", "adapter", "power_preference",
-                          "external_data_dir"})
+                          "webgpu", "external_data_dir"})
 RUNNER_KEYWORDS = frozenset({"rtol", "atol", "opset_version"})
 
 
@@ -138,6 +138,7 @@ class EmberBackend(Backend):
         if name == "cpu":  # wgpu's device options mean nothing to the cpu backend, which refuses options
             options.pop("adapter", None)
             options.pop("power_preference", None)
+            options.pop("webgpu", None)
         return name, options
 
     @classmethod

@@ -164,6 +164,16 @@ DIRECT_CONV = _declare("direct_conv", "EMBER_DIRECT_CONV", _flag, True, "bool",
 GEMV = _declare("gemv", "EMBER_GEMV", _flag, True, "bool",
                 "wgpu: products of at most 4 rows (a decode step's) through the matrix-vector kernel (off: the "
                 "tiled GEMM, to compare).")
+WEBGPU = _declare("webgpu", "EMBER_WEBGPU", _choice("auto", "dawn", "wgpu-native"), "auto",
+                  "auto | dawn | wgpu-native",
+                  "wgpu: the WebGPU runtime (Dawn through wgpudawn, or wgpu-native through wgpu-py); auto: Dawn "
+                  "where installed and its adapter offers matrix units, else wgpu-native. "
+                  "`load_onnx(webgpu=...)` wins over it.")
+MATRIX = _declare("matrix", "EMBER_MATRIX", _choice("auto", "on", "off", "emulate"), "auto",
+                  "auto | on | off | emulate",
+                  "wgpu: f16 products on the matrix units (subgroup matrices, Dawn): auto takes them for large "
+                  "products, on for every eligible one, off never; emulate runs the same tiling in plain WGSL "
+                  "(for tests on adapters without matrix units).")
 SHARED_SCRATCH = _declare("shared_scratch", "EMBER_SHARED_SCRATCH", _flag, True, "bool",
                           "wgpu: past the private budget, kernels share one transient buffer per role.")
 SCRATCH_PRIVATE_MB = _declare("scratch_private_mb", "EMBER_SCRATCH_PRIVATE_MB", _amount, 256.0, "MiB",

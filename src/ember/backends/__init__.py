@@ -33,10 +33,11 @@ def available_backends() -> list[str]:
 # ember.backend()'s options, all for the wgpu backend (the cpu backend takes none): which adapter, and which kind
 # when several are present. load_onnx takes them too.
 POWER_PREFERENCES = ("low-power", "high-performance")
-BACKEND_OPTIONS = ("adapter", "power_preference", "safe")
+BACKEND_OPTIONS = ("adapter", "power_preference", "safe", "webgpu")
+WEBGPU_RUNTIMES = ("auto", "dawn", "wgpu-native")
 
 
-def check_backend_options(adapter: Any, power_preference: Any, safe: Any = False) -> None:
+def check_backend_options(adapter: Any, power_preference: Any, safe: Any = False, webgpu: Any = None) -> None:
     """TypeError/ValueError naming the option for a value of the wrong type (which device they pick is only known
     when the backend starts)."""
     if adapter is not None and (isinstance(adapter, bool) or not isinstance(adapter, (int, str))):
@@ -47,10 +48,12 @@ def check_backend_options(adapter: Any, power_preference: Any, safe: Any = False
     if power_preference is not None and power_preference not in POWER_PREFERENCES:
         raise ValueError(f"power_preference: expected one of {list(POWER_PREFERENCES)} or None, got "
                          f"{power_preference!r}")
+    if webgpu is not None and webgpu not in WEBGPU_RUNTIMES:
+        raise ValueError(f"webgpu: expected one of {list(WEBGPU_RUNTIMES)} or None, got {webgpu!r}")
 
 
 def backend(name: str = "auto", *, adapter: int | str | None = None, power_preference: str | None = None,
-            safe: bool = False, **unknown: Never) -> ComputeBackend:
+            safe: bool = False, webgpu: str | None = None, **unknown: Never) -> ComputeBackend:
     """An initialised backend. "auto" = EMBER_BACKEND if set, else the best available one.
 
     adapter (wgpu; default None: the best compute adapter, discrete GPUs first, then integrated, virtual and
@@ -59,11 +62,14 @@ def backend(name: str = "auto", *, adapter: int | str | None = None, power_prefe
     "low-power" puts integrated GPUs first. The cpu backend takes neither (ValueError). safe (default False): for
     models from untrusted sources, wgpu creates its shader modules with bounds checks (as EMBER_CHECKED_SHADERS
     does) instead of trusting ember's host-side shape and index checks alone; the cpu backend is always checked
-    (numpy bounds-checks every index). An unknown option raises TypeError naming it, the closest valid one and
-    every valid one."""
+    (numpy bounds-checks every index). webgpu (wgpu; default None: EMBER_WEBGPU, else "auto"): the WebGPU runtime,
+    "dawn" (the wgpudawn package: `pip install ember[dawn]`; matrix units where the adapter offers subgroup-matrix
+    configs), "wgpu-native" (wgpu-py), or "auto": Dawn where it is installed and offers matrix configs, else
+    wgpu-native. An unknown option raises TypeError naming it, the closest valid one and every valid one."""
     reject_unknown("backend()", unknown, BACKEND_OPTIONS)
-    check_backend_options(adapter, power_preference, safe)
-    opts = {k: v for k, v in (("adapter", adapter), ("power_preference", power_preference)) if v is not None}
+    check_backend_options(adapter, power_preference, safe, webgpu)
+    opts = {k: v for k, v in (("adapter", adapter), ("power_preference", power_preference), ("webgpu", webgpu))
+            if v is not None}
     if isinstance(name, str) and name.lower() == "auto":
         env = settings.BACKEND.get()
         if env and env.lower() != "auto":
@@ -78,8 +84,8 @@ def backend(name: str = "auto", *, adapter: int | str | None = None, power_prefe
         from .cpu import CpuBackend
 
         if opts:
-            raise ValueError(f"cpu backend takes no options, got {sorted(opts)} (adapter and power_preference pick "
-                             "a wgpu device)")
+            raise ValueError(f"cpu backend takes no options, got {sorted(opts)} (adapter, power_preference and "
+                             "webgpu pick a wgpu device)")
         return CpuBackend().init()
     from .wgpu import WgpuBackend
 

@@ -272,6 +272,16 @@ class ComputeBackend(PublicOps, ABC):
         """How many tensors a MatMul's epilogue adds before its activation: 1 (bias), 2 with `matmul_residual`."""
         return 2 if self.matmul_residual else 1
 
+    def select_counters(self, steps: list) -> dict[str, int]:
+        """Counters the recorded `steps` add to a plan, by the kernel arm the backend took for them (the matrix units'
+        products: `matmul.subgroup_matrix`...): what an op cannot know, since the backend chooses. Here: none."""
+        return {}
+
+    def runtime_info(self) -> dict[str, Any]:
+        """What runs the kernels (plan_info()["runtime"]): for wgpu the WebGPU runtime, its matrix configs and the
+        matrix arm in use. Here: nothing beyond the backend's name."""
+        return {"backend": self.name}
+
     def select_index_kernels(self) -> bool:
         """Whether kernels that read their inputs at computed indices (RotateHalf's two halves in one pass) beat
         the same work composed of views, copies and plain elementwise kernels. Here: no (numpy's fancy indexing

@@ -176,7 +176,7 @@ class Tuner:
 
     def __init__(self, be: WgpuBackend) -> None:
         self.be = be
-        self.ident = adapter_identity(dict(be.adapter.info))
+        self.ident = adapter_identity(dict(be.adapter.info), be.rt.name, be.rt.version())
         self.version = generator_version()
         self._cache: TuneCache | None = None
         self.local = threading.local()  # the model-level on/off of the thread planning
@@ -270,8 +270,6 @@ class _Saved:
 
 def _time_gpu(be: WgpuBackend, runs: list[list], reps: int, saved: _Saved) -> list[float] | None:
     """Timestamp queries around each candidate's pass, all in one submit; None if the stamps make no sense."""
-    from wgpu.backends.wgpu_native import _api
-
     n = len(runs)
     count = 2 * n * reps
     qs = be.device.create_query_set(type="timestamp", count=count)
@@ -295,7 +293,7 @@ def _time_gpu(be: WgpuBackend, runs: list[list], reps: int, saved: _Saved) -> li
         qs.destroy()
     span = ticks[:, :, 1] - ticks[:, :, 0]
     span[span <= 0] = np.inf  # a driver writing zeros, or a counter that wrapped: not a sample
-    best = span.min(axis=0) * _api.lib.wgpuQueueGetTimestampPeriod(be.queue._internal) / 1e6
+    best = span.min(axis=0) * be.rt.timestamp_period(be.queue) / 1e6
     return list(best) if np.isfinite(best).all() else None
 
 

@@ -14,7 +14,6 @@ import functools
 import re
 import string
 import threading
-import time
 import weakref
 from collections import OrderedDict
 from importlib import resources
@@ -30,35 +29,12 @@ from ..base import ComputeBackend, OutOfMemoryError
 from . import device as dev
 from . import encode, program, timing
 from .program import BUFFER_ALIGN, KERNELS, NUMPY_STORAGE, WORKGROUPS_PER_DIM, Copy, Dispatch, Replay, storage_type
+from .runtime import Runtime, resolve, runtime
 
 # WGSL that uses f16 and so needs `enable f16;` (WgpuBackend.pipeline adds it).
 USES_F16 = re.compile(r"\bf16\b|vec[234]h\b")
-_NULL: Any = None
-_FFI: Any = None
-_LIBF: Any = None
-_MAP_CALLBACK: Any = None
-_LIB: Any = None
-_LIB_LOCK = threading.Lock()
-
-
-def _raw_lib() -> Any:
-    """wgpu-native's cffi library object (private to wgpu-py 0.32, pinned for that reason)."""
-    global _NULL, _FFI, _LIBF, _MAP_CALLBACK, _LIB
-    if _LIB is not None:  # set once, below; a function-level import on every call costs ~1 µs
-        return _LIB
-    with _LIB_LOCK:  # one callback for all: a second made by a racing thread would free one still in use
-        if _LIB is None:
-            from wgpu.backends.wgpu_native import _api
-
-            _NULL, _FFI, _LIBF = _api.ffi.NULL, _api.ffi, _api.libf
-
-            @_api.ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
-            def map_done(status: int, message: Any, cell: Any, _unused: Any) -> None:
-                _FFI.cast("int *", cell)[0] = status
-
-            _MAP_CALLBACK = map_done  # module-level: a cffi callback must outlive every call into it
-            _LIB = _api.lib
-    return _LIB
+# WGSL that uses subgroup operations: Dawn wants `enable subgroups;` for them (naga does not).
+USES_SUBGROUPS = re.compile(r"\bsubgroup[A-Z_]\w*|\bsubgroup_(size|invocation_id|id)\b")
 
 
 def _give_back(total: list[int], size: int) -> None:
@@ -69,8 +45,10 @@ class WgpuBackend(ComputeBackend):
     name, conv_residual, max_elements = "wgpu", True, 2**31 - 1  # i32 index math in the kernels
 
     def __init__(self, adapter: int | str | None = None, power_preference: str | None = None,
-                 safe: bool = False) -> None:  # safe: checked shader modules whatever EMBER_CHECKED_SHADERS says
+                 safe: bool = False, webgpu: str | None = None) -> None:
+        # safe: checked shader modules whatever EMBER_CHECKED_SHADERS says; webgpu: the runtime (runtime.resolve)
         super().__init__()
+        self.rt: Runtime = runtime(resolve(webgpu))
         self._adapter_opt, self._safe = adapter, safe
         self._power = power_preference
         self._bufs: dict[int, Any] = {}
@@ -90,12 +68,15 @@ class WgpuBackend(ComputeBackend):
 
     # ---- life cycle -------------------------------------------------------------------------------
     def _init_device(self) -> None:
-        self.adapter = dev.select_adapter(self._adapter_opt, self._power)
-        self.device = dev.create_device(self.adapter)
+        self.adapter = dev.select_adapter(self._adapter_opt, self._power, self.rt)
+        self.checked = self._safe or dev.checked_shaders_forced()
+        self.device = dev.create_device(self.adapter, self.rt, trusted=not self.checked)
         self.queue = self.device.queue
         self.limits = dict(self.device.limits)
         self.features = set(self.device.features)
-        self.checked = self._safe or dev.checked_shaders_forced()
+        # The subgroup-matrix shapes kernels may use (matmul_sgmat.py); none on wgpu-native.
+        cfgs = self.rt.matrix_configs(self.adapter)
+        self.matrix_configs = cfgs if "chromium-experimental-subgroup-matrix" in self.features else ()
         self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
         self.max_buffer = int(self.limits["max-buffer-size"])
         self._sync_buf = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
@@ -115,11 +96,37 @@ class WgpuBackend(ComputeBackend):
     def adapter_name(self) -> str:
         return dev._describe(self.adapter)
 
+    # Dispatch labels of the kernel arms plans count (select_counters): the label is the counter's name.
+    ARM_COUNTERS = frozenset({"matmul.subgroup_matrix", "matmul.subgroup_matrix_emulated"})
+
+    def select_counters(self, steps: list) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for st in steps:
+            if type(st) is Dispatch and st.label in self.ARM_COUNTERS:
+                found[st.label] = found.get(st.label, 0) + 1
+        return found
+
+    def runtime_info(self) -> dict[str, Any]:
+        mode = settings.MATRIX.get()
+        if mode == "emulate":
+            arm = "emulated (EMBER_MATRIX=emulate)"
+        elif mode == "off":
+            arm = "off (EMBER_MATRIX=off)"
+        elif self.matrix_configs:
+            arm = "subgroup_matrix" + (" (large products)" if mode == "auto" else "")
+        elif self.rt.name == "dawn":
+            arm = "none: the adapter offers no subgroup-matrix configs"
+        else:
+            arm = "none: wgpu-native has no matrix units (webgpu='dawn' does, where the adapter offers them)"
+        configs = [f"{c.component}->{c.result} {c.m}x{c.n}x{c.k}" for c in self.matrix_configs]
+        return {"backend": self.name, "webgpu": self.rt.name, "version": self.rt.version(),
+                "adapter": self.adapter_name, "matrix_configs": configs, "matrix": arm}
+
     def _api_context(self, tuned: bool) -> tuple:
         # What the public ops' recording reads besides their arguments: wrapper encoding (prepare's form), and for
         # gemm / conv / attention whether tiles are tuned (autotune.py's rule: a thread's autotune_scope, else
         # EMBER_AUTOTUNE, else on for hardware adapters) and the direct-conv switch.
-        py_encode = settings.WGPU_PY_ENCODE.get()
+        py_encode = (settings.WGPU_PY_ENCODE.get(), settings.MATRIX.get())  # MATRIX: which kernel a product takes
         if not tuned:
             return (py_encode,)
         tuner = getattr(self, "_autotuner", None)  # autotune.py's state for this backend, made on first use
@@ -141,11 +148,11 @@ class WgpuBackend(ComputeBackend):
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         try:
             buf = self.device.create_buffer(size=size, usage=usage)
-        except wgpu.GPUOutOfMemoryError:
+        except self.rt.mod.GPUOutOfMemoryError:
             self._spare.release()  # the kept buffers may be what is missing
             try:
                 buf = self.device.create_buffer(size=size, usage=usage)
-            except wgpu.GPUOutOfMemoryError as e:
+            except self.rt.mod.GPUOutOfMemoryError as e:
                 raise OutOfMemoryError(f"wgpu: out of device memory allocating {nbytes} bytes: {e}") from e
         self._bufs[handle] = buf
 
@@ -210,12 +217,12 @@ class WgpuBackend(ComputeBackend):
         """`size` bytes of GPUBuffer `src` from `offset`, after all submitted work, through the MAP_READ buffer
         `staging`: queue.read_buffer's one copy, submit and map, in raw calls and waited for on this thread (wgpu-py's
         map waits through its poll thread: a hand-off per call)."""
-        lib = _raw_lib()
+        rt = self.rt
         cb = encode.encode_copies(self.device, [Copy(src, offset, staging, 0, size)])
         try:
-            _LIBF.wgpuQueueSubmit(self.queue._internal, 1, _FFI.new("WGPUCommandBuffer[1]", [cb]))
+            rt.libf.wgpuQueueSubmit(self.queue._internal, 1, rt.ffi.new("WGPUCommandBuffer[1]", [cb]))
         finally:
-            lib.wgpuCommandBufferRelease(cb)
+            rt.lib.wgpuCommandBufferRelease(cb)
         return self._map_read(staging, size)
 
     def buffer(self, handle: int) -> Any:
@@ -308,7 +315,9 @@ class WgpuBackend(ComputeBackend):
                 raise NotImplementedError(f"wgpu: kernel {label!r} stores float16, but this adapter "
                                           f"({self.adapter_name}) lacks the shader-f16 feature")
             source = "enable f16;\n" + source
-        module = dev.create_shader_module(self.device, source, label, trusted)
+        if self.rt.name == "dawn" and "enable subgroups;" not in source and USES_SUBGROUPS.search(source):
+            source = "enable subgroups;\n" + source
+        module = self.rt.create_shader_module(self.device, source, label, trusted)
         p = self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"},
                                                 label=label)
         with self._memory_lock:
@@ -409,11 +418,12 @@ class WgpuBackend(ComputeBackend):
         if extra and not all(type(st) is Copy for st in (*before, *after)):
             self.execute([*before, *prepared.steps, *after])
             return
-        lib = _raw_lib()
+        rt = self.rt
+        lib = rt.lib
         cb = prepared.ahead.pop() if prepared.ahead else self.encode_prepared(prepared)
         if not extra:
             try:
-                _LIBF.wgpuQueueSubmit(self.queue._internal, 1, _FFI.new("WGPUCommandBuffer[1]", [cb]))
+                rt.libf.wgpuQueueSubmit(self.queue._internal, 1, rt.ffi.new("WGPUCommandBuffer[1]", [cb]))
             finally:
                 lib.wgpuCommandBufferRelease(cb)
         else:
@@ -424,7 +434,7 @@ class WgpuBackend(ComputeBackend):
             if after:
                 cbs.append(encode.encode_copies(self.device, after))
             try:
-                _LIBF.wgpuQueueSubmit(self.queue._internal, len(cbs), _FFI.new("WGPUCommandBuffer[]", cbs))
+                rt.libf.wgpuQueueSubmit(self.queue._internal, len(cbs), rt.ffi.new("WGPUCommandBuffer[]", cbs))
             finally:
                 for c in cbs:
                     lib.wgpuCommandBufferRelease(c)
@@ -446,7 +456,7 @@ class WgpuBackend(ComputeBackend):
     def release_prepared(self, prepared: Replay | list) -> None:
         """Drop a Replay's command buffer encoded ahead (before its buffers are freed)."""
         if type(prepared) is Replay:
-            lib = _raw_lib()
+            lib = self.rt.lib
             while prepared.ahead:
                 lib.wgpuCommandBufferRelease(prepared.ahead.pop())
 
@@ -462,8 +472,8 @@ class WgpuBackend(ComputeBackend):
         upload = self.upload
         if settings.WGPU_PY_ENCODE.get() or NUMPY_STORAGE[storage_type(dtype)] != np.dtype(dtype):
             return functools.partial(upload, handle)
-        _raw_lib()
-        write, queue, target, dtype = _LIBF.wgpuQueueWriteBuffer, self.queue._internal, self._bufs[handle], \
+        ffi = self.rt.ffi
+        write, queue, target, dtype = self.rt.libf.wgpuQueueWriteBuffer, self.queue._internal, self._bufs[handle], \
             np.dtype(dtype)
 
         def write_input(array: np.ndarray) -> None:
@@ -471,7 +481,7 @@ class WgpuBackend(ComputeBackend):
                 self.flush()
             n = array.nbytes
             if array.dtype == dtype and array.flags.c_contiguous and n % 4 == 0 and n:
-                write(queue, target._internal, 0, _FFI.from_buffer(array), n)
+                write(queue, target._internal, 0, ffi.from_buffer(array), n)
             else:
                 upload(handle, array)
 
@@ -486,7 +496,7 @@ class WgpuBackend(ComputeBackend):
         """The first `size` bytes of a MAP_READ buffer, after all submitted work.
 
         wgpu-py's map_async submits an empty command buffer first and waits through its poll thread (a fixed
-        cost per readback, BENCHMARKS.md); here the map is waited for by polling the device on this thread.
+        cost per readback, BENCHMARKS.md); here the map is waited for on this thread (Runtime.map_read).
         """
         if settings.WGPU_PY_ENCODE.get():
             staging.map_async("READ").sync_wait()
@@ -494,23 +504,7 @@ class WgpuBackend(ComputeBackend):
                 return bytes(staging.read_mapped(0, size, copy=False))
             finally:
                 staging.unmap()
-        lib = _raw_lib()
-        cell = _FFI.new("int[1]")
-        info = _FFI.new("WGPUBufferMapCallbackInfo *")
-        info.mode = lib.WGPUCallbackMode_AllowProcessEvents
-        info.callback = _MAP_CALLBACK
-        info.userdata1 = cell
-        buf, device = staging._internal, self.device._internal
-        lib.wgpuBufferMapAsync(buf, lib.WGPUMapMode_Read, 0, size, info[0])
-        deadline = time.perf_counter() + self._readback_spin_s()
-        while cell[0] == 0:  # the callback may also run on wgpu-py's poll thread: poll until it has
-            lib.wgpuDevicePoll(device, 0 if time.perf_counter() < deadline else 1, _NULL)
-        if cell[0] != lib.WGPUMapAsyncStatus_Success:
-            raise RuntimeError(f"wgpu: mapping a readback buffer failed (status {cell[0]})")
-        try:
-            return _FFI.buffer(lib.wgpuBufferGetConstMappedRange(buf, 0, size), size)[:]
-        finally:
-            lib.wgpuBufferUnmap(buf)
+        return self.rt.map_read(self.device, staging, size, self._readback_spin_s())
 
     # ---- primitives: the ComputeBackend methods, each forwarded to the kernel registered under its name -------
     RUNTIME_SIZES = frozenset({"record_elementwise", "record_gather", "record_attention_views", "record_matmul",

@@ -1,4 +1,4 @@
-"""The replay's hot path: prepared steps into raw wgpu-native command buffers through the bare C functions, and
+"""The replay's hot path: prepared steps into raw command buffers through the bare C functions, and
 the freed buffers a resident run's output copies reuse.
 
 A plan's steps are resolved once to native handles (`Replay`, program.py); each run encodes them here with no
@@ -10,22 +10,23 @@ except in `replay_checked_before` (a public op's replay, whose steps executed th
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
 from .program import Copy, Dispatch, Replay
 
-_API: Any = None
+_APIS: dict[type, Any] = {}
 
 
-def _api() -> Any:
-    # wgpu-native's cffi bindings, private to wgpu-py 0.32 (pinned for that reason); imported on first use.
-    global _API
-    if _API is None:
-        from wgpu.backends.wgpu_native import _api
-
-        _API = _api
-    return _API
+def _api(obj: Any) -> Any:
+    """The cffi bindings (ffi, lib, libf) of the runtime that made `obj` (a device, queue or command encoder): its
+    class is defined in the runtime's `_api` module (wgpu-py 0.32's wgpu_native._api, or wgpudawn's dawn._api: the
+    same webgpu.h names), so either runtime's objects encode here without being told which."""
+    api = _APIS.get(type(obj))
+    if api is None:
+        api = _APIS[type(obj)] = sys.modules[type(obj).__module__]
+    return api
 
 
 def encode_steps(encoder: Any, steps: list, raw: bool) -> None:
@@ -36,8 +37,8 @@ def encode_steps(encoder: Any, steps: list, raw: bool) -> None:
     arguments on every call (a cost per dispatch from Python, BENCHMARKS.md), and recorded steps were validated
     once, when they were built. EMBER_WGPU_PY_ENCODE=1 takes the wrapper path instead (raw=False).
     """
-    lib = _api().lib if raw else None
-    null = _api().ffi.NULL
+    lib = _api(encoder).lib if raw else None
+    null = _api(encoder).ffi.NULL
     cpass = None
     praw = None
     current = None
@@ -70,8 +71,8 @@ def encode_steps(encoder: Any, steps: list, raw: bool) -> None:
 
 def encode_replay(device: Any, replay: Replay, checked: bool = True) -> Any:
     """`replay` in a new raw command buffer; `checked`: pass end and finish through wgpu-py's wrappers, which
-    raise the validation errors wgpu-native reports there (else they are only logged: replay_checked_before)."""
-    api = _api()
+    raise the validation errors the runtime reports there (else they are only logged: replay_checked_before)."""
+    api = _api(device)
     lib, null = api.lib, api.ffi.NULL
     libf = api.libf if checked else lib
     set_pipeline, set_group, dispatch = (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
@@ -118,7 +119,7 @@ def replay_checked_before(device: Any, queue: Any, replay: Replay, pending: Pend
     Plans (ember.plan) keep execute_prepared's checked calls on every run. A small replay's command buffer
     waits in `pending` for the next flush (Pending); a bigger one is submitted after what waits there.
     """
-    lib = _api().lib
+    lib = _api(device).lib
     cb = replay.ahead.pop() if replay.ahead else encode_replay(device, replay)
     if Pending.small(replay):
         pending.add(queue, cb)
@@ -167,7 +168,7 @@ class Pending:
         cbs, self.cbs = self.cbs, []
         if not cbs:
             return
-        lib = _api().lib
+        lib = _api(queue).lib
         try:  # bare, as replay_checked_before's: each of these ran once through the checked calls
             lib.wgpuQueueSubmit(queue._internal, len(cbs), cbs)
         finally:
@@ -177,7 +178,7 @@ class Pending:
 
 def encode_copies(device: Any, copies: list[Copy] | tuple[Copy, ...]) -> Any:
     """copyBufferToBuffer commands in a command buffer of their own."""
-    api = _api()
+    api = _api(device)
     lib, null = api.lib, api.ffi.NULL
     encoder = lib.wgpuDeviceCreateCommandEncoder(device._internal, null)
     try:

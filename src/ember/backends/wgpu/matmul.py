@@ -30,6 +30,7 @@ from ...core.expr import Expr
 from ...core.view import View
 from .gemm import record_gemm_kernel
 from .matmul_gemv import gemv_layout, record_gemv
+from .matmul_sgmat import plan_sgmat, record_sgmat
 from .program import KERNELS, WORKGROUPS_PER_DIM, grid_1d, kernel
 from .shader.bindings import Bindings, binding_windows, check_no_overlap, check_view, rebase_view, require_float
 from .shader.epilogue import Epilogue
@@ -207,6 +208,13 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
                 binds.add(v.handle, False)
         ep = matmul_epilogue(out, bias, alpha, beta, act, m, n, False, False, residual)
         return record_gemv(be, a, b, out, ep, binds, layout)
+    choice = plan_sgmat(be, a, b, out, types, runtime_sizes)  # f16 on the matrix units (matmul_sgmat.py)
+    if choice is not None:
+        for v in (a, b, bias, residual):
+            if v is not None:
+                binds.add(v.handle, False)
+        ep = matmul_epilogue(out, bias, alpha, beta, act, m, n, False, False, residual)
+        return record_sgmat(be, a, b, out, ep, binds, choice)
     a_unit = (k == 1 or a.strides[2] == 1 or m == 1 or a.strides[1] == 1)
     b_unit = (n == 1 or b.strides[2] == 1 or k == 1 or b.strides[1] == 1)
     if not (a_unit and b_unit) or any(s < 0 for s in a.strides + b.strides):

@@ -70,12 +70,10 @@ def probe_sizes(be: WgpuBackend, method: str, args: tuple, kwargs: dict) -> tupl
 def sizes_writer(be: WgpuBackend, steps: list, grids: list[tuple[int, int, int]]
                  ) -> tuple[list, Callable[[list[np.ndarray]], None]]:
     """(the steps with these grids, a function writing one int32 array per dispatch into its uniform buffer)."""
-    from wgpu.backends.wgpu_native import _api  # wgpu-py 0.32's cffi objects, as backend.py uses them
-
     # The bare call, not wgpu-py's error-capturing wrapper (~1-3 µs each, a decode step writes one per moving
     # dispatch): every write lands inside a live uniform buffer of the plan's own, made here with its size; what
     # could still fail is a lost device, which the run's checked pass end / finish / submit then raise.
-    ffi, write, queue = _api.ffi, _api.lib.wgpuQueueWriteBuffer, be.queue._internal
+    ffi, write, queue = be.rt.ffi, be.rt.lib.wgpuQueueWriteBuffer, be.queue._internal
     targets, moved = [], []
     for st, grid in zip(steps, grids, strict=True):
         uniform = [b for b in st.keep if b.usage & wgpu.BufferUsage.UNIFORM]

@@ -72,8 +72,6 @@ def warm_up(be: Any, steps: list) -> None:
 def stamped_ms(be: Any, steps: list) -> float:
     """GPU milliseconds of `steps` in one command buffer and submit, between a stamp in an empty pass before
     them and one after them (the GPU is idle before: the submit is waited for)."""
-    from wgpu.backends.wgpu_native import _api
-
     qs = be.device.create_query_set(type="timestamp", count=2)
     resolve = be.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
     try:
@@ -85,7 +83,7 @@ def stamped_ms(be: Any, steps: list) -> float:
         be.flush()
         be.queue.submit([encoder.finish()])
         t0, t1 = np.frombuffer(be.queue.read_buffer(resolve), np.uint64).astype(np.float64)
-        return max(0.0, (t1 - t0) * _api.lib.wgpuQueueGetTimestampPeriod(be.queue._internal) / 1e6)
+        return max(0.0, (t1 - t0) * be.rt.timestamp_period(be.queue) / 1e6)
     finally:
         resolve.destroy()
         qs.destroy()

@@ -40,9 +40,12 @@ ADAPTER_FIELDS = ("vendor", "architecture", "device", "description", "vendor_id"
                   "adapter_type")
 
 
-def adapter_identity(info: dict[str, Any]) -> dict[str, Any]:
+def adapter_identity(info: dict[str, Any], runtime: str = "wgpu-native", version: str | None = None) -> dict[str, Any]:
     ident = {f: info.get(f) for f in ADAPTER_FIELDS}
-    ident["wgpu"] = wgpu.__version__  # wgpu-native's shader compiler (naga) changes what a tile costs
+    # The runtime's shader compiler (naga, Tint) changes what a tile costs.
+    ident["wgpu"] = version or wgpu.__version__
+    if runtime != "wgpu-native":
+        ident["runtime"] = runtime
     return ident
 
 

@@ -15,6 +15,9 @@ fn df_init(nwg: vec3<u32>) { df_zero = nwg.z - 1u; }
 fn df_o(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ df_zero); }
 
 fn df(x: f32) -> vec2<f32> { return vec2<f32>(x, 0.0); }
+// -0.0 from bits in a private variable: Tint folds a constant -0.0 to +0.0.
+var<private> DF_NEG_ZERO_BITS: u32 = 0x80000000u;
+fn df_neg_zero() -> f32 { return bitcast<f32>(DF_NEG_ZERO_BITS); }
 fn df_finite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u; }
 fn df_fix(a: vec2<f32>) -> vec2<f32> { return select(vec2<f32>(a.x, 0.0), a, df_finite(a.x)); }
 
@@ -210,18 +213,18 @@ fn df_fmod(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
     // the same value modulo b, moved back into [0, |b|).
     if (r.x < 0.0) { r = df_add(r, d); }
     if (df_ge(r, d)) { r = df_sub(r, d); }
-    if (r.x == 0.0) { return vec2<f32>(select(0.0, -0.0, a.x < 0.0), 0.0); }
+    if (r.x == 0.0) { return vec2<f32>(select(0.0, df_neg_zero(), a.x < 0.0), 0.0); }
     return select(r, -r, a.x < 0.0);
 }
 // numpy's floored mod: the sign of b (zeros too); a finite a mod +-inf is a or b (as mod_f32).
 fn df_mod(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
     if (is_inf(b.x) && df_finite(a.x)) {
-        if (a.x == 0.0) { return df(select(0.0, -0.0, b.x < 0.0)); }
+        if (a.x == 0.0) { return df(select(0.0, df_neg_zero(), b.x < 0.0)); }
         return select(b, a, (a.x < 0.0) == (b.x < 0.0));
     }
     var r = df_fmod(a, b);
     if (r.x != 0.0 && (r.x < 0.0) != (b.x < 0.0)) { r = df_add(r, b); }
-    return select(r, df(select(0.0, -0.0, b.x < 0.0)), r.x == 0.0);
+    return select(r, df(select(0.0, df_neg_zero(), b.x < 0.0)), r.x == 0.0);
 }
 
 // Conversions. df -> f32 is hi (normalised pairs: hi is hi + lo rounded to nearest).

@@ -7,10 +7,16 @@ import numpy as np
 from ....core.expr import BOOL, FLOAT, INT
 
 # Helpers every generated kernel may call. NaN and infinity come from bit patterns, not literals
-# (WGSL has no inf/nan literals), and are tested by bits, since the compiler may assume x == x.
+# (WGSL has no inf/nan literals), and are tested by bits, since the compiler may assume x == x. The bits sit in
+# private variables: Tint (Dawn) evaluates a bitcast of a constant at compile time and rejects a non-finite
+# result, and folds a constant -0.0 to +0.0.
 PRELUDE = """
-fn nan_f32() -> f32 { return bitcast<f32>(0x7fc00000u); }
-fn inf_f32() -> f32 { return bitcast<f32>(0x7f800000u); }
+var<private> NAN_BITS: u32 = 0x7fc00000u;
+var<private> INF_BITS: u32 = 0x7f800000u;
+var<private> NEG_ZERO_BITS: u32 = 0x80000000u;
+fn nan_f32() -> f32 { return bitcast<f32>(NAN_BITS); }
+fn inf_f32() -> f32 { return bitcast<f32>(INF_BITS); }
+fn neg_zero_f32() -> f32 { return bitcast<f32>(NEG_ZERO_BITS); }
 fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
 fn is_inf(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) == 0x7f800000u; }
 fn safe_log(x: f32) -> f32 {
@@ -107,11 +113,11 @@ fn softplus_f32(x: f32) -> f32 { return select(x, 0.0, x < 0.0) + log1p_f32(exp(
 fn mod_f32(a: f32, b: f32) -> f32 {
     // numpy's floored mod: the result takes b's sign (zeros too); a finite a mod +-inf is a or b.
     if (is_inf(b) && !is_inf(a) && !is_nan(a)) {
-        if (a == 0.0) { return select(0.0, bitcast<f32>(0x80000000u), b < 0.0); }
+        if (a == 0.0) { return select(0.0, neg_zero_f32(), b < 0.0); }
         return select(b, a, (a < 0.0) == (b < 0.0));
     }
     let r = a - b * floor(a / b);
-    return select(r, select(0.0, bitcast<f32>(0x80000000u), b < 0.0), r == 0.0);
+    return select(r, select(0.0, neg_zero_f32(), b < 0.0), r == 0.0);
 }
 fn idiv(a: i32, b: i32) -> i32 { return select(a / b, 0, b == 0); }
 fn ifmod(a: i32, b: i32) -> i32 {
@@ -128,6 +134,8 @@ def float_literal(v: float) -> str:
         return "nan_f32()"
     if np.isinf(f):
         return "inf_f32()" if f > 0 else "(-inf_f32())"
+    if f == 0 and np.signbit(f):
+        return f"bitcast<f32>({int(f.view(np.uint32))}u)"  # -0.0: Tint folds the literal to +0.0
     if f == 0 or abs(f) >= np.finfo(np.float32).tiny:
         return f"{float(f)!r}f"
     return f"bitcast<f32>({int(f.view(np.uint32))}u)"  # subnormal: spell the bits
