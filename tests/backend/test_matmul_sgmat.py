@@ -165,7 +165,10 @@ def test_eligibility(wgpu_be: ember.ComputeBackend) -> None:
             assert gemm(*views(32, 32, 32), runtime_sizes=True)
             assert gemm(*views(32, 32, 32, F32))  # f32 inputs
             assert gemm(*views(32, 32, 32, a_strides=(0, 1, 32)))  # A column-major
-        for mode in ("off", "on", "auto"):  # on / auto: this adapter offers no matrix configs
+        has_units = any(c.component == "f16" and c.result == "f32" for c in getattr(be, "matrix_configs", ()))
+        with settings.override(matrix="on"):  # every eligible product, where the adapter has matrix units
+            assert gemm(*views(32, 32, 32)) != has_units
+        for mode in ("off", "auto"):  # auto: a 32^3 product is below AUTO_MIN_VOLUME
             with settings.override(matrix=mode):
                 assert gemm(*views(32, 32, 32)), mode
     finally:
@@ -206,8 +209,9 @@ def test_native_planning() -> None:
 def test_tile_choice() -> None:
     cfg = MatrixConfig("f16", "f32", 16, 16, 16)
     assert sgmat.choose_tiles(4096, 4096, 1, cfg) == (4, 4)
-    assert sgmat.choose_tiles(1024, 1024, 1, cfg) == (4, 4)  # 8 x 8 blocks: just enough
-    assert sgmat.choose_tiles(512, 512, 1, cfg) == (2, 2)  # (4, 4) and the 2 x 4s give too few workgroups
+    assert sgmat.choose_tiles(2048, 2048, 1, cfg) == (4, 4)  # 16 x 16 blocks: enough
+    assert sgmat.choose_tiles(1024, 1024, 1, cfg) == (2, 4)  # (4, 4)'s 8 x 8 blocks are too few; 16 x 8 enough
+    assert sgmat.choose_tiles(512, 512, 1, cfg) == (1, 2)  # the larger choices give too few workgroups
     assert sgmat.choose_tiles(64, 64, 1, cfg) == (1, 1)  # as many workgroups as it gets
     assert sgmat.choose_tiles(16, 16, 1, cfg) == (1, 1)  # the last choice, whatever it wastes
     apple = MatrixConfig("f16", "f32", 8, 8, 8)
@@ -295,3 +299,43 @@ def test_f16_onnx_model_matches_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> 
     assert got.dtype == np.float16 and got.shape == ref.shape
     err = np.abs(got.astype(np.float64) - ref)
     assert (err <= 1e-3 * np.abs(ref) + 2e-3 * float(np.abs(ref).max())).all(), float(err.max())
+
+
+# ---- the native kernel: on the matrix units where the adapter has them, else the GEMM, both against the oracle -----
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_native_or_gemm_matches_oracle(wgpu_be: ember.ComputeBackend, rng: np.random.Generator,
+                                       monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """EMBER_MATRIX=on: with an f16 -> f32 config (Dawn on a GPU with matrix units) the native kernel runs, its tile
+    forced as in the emulated gate; without one the same products take the tiled GEMM and must be right too."""
+    nb, m, n, k, tiles, opts = CASES[name]
+    if tiles is not None:
+        monkeypatch.setattr(sgmat, "TILE_CHOICES", (tiles,))
+    with settings.override(matrix="on"):
+        labels, worst = run_case(wgpu_be, rng, nb, m, n, k, **opts)
+    has_units = any(c.component == "f16" and c.result == "f32" for c in getattr(wgpu_be, "matrix_configs", ()))
+    if has_units:
+        assert labels == [sgmat.LABEL_NATIVE]
+    else:
+        assert sgmat.LABEL_NATIVE not in labels and sgmat.LABEL_EMULATED not in labels
+    assert worst <= 1.0, f"{name}: error {worst:.3g} x the bound ({labels})"
+
+
+def test_model_stats_count_the_matrix_arm() -> None:
+    """model.stats() and plan_info() count the products that ran on the (emulated) matrix kernel, per run."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((48, 32)) * 0.25).astype(np.float16)
+    c = rng.standard_normal(32).astype(np.float16)
+    x = rng.standard_normal((2, 64, 48)).astype(np.float16)
+    with settings.override(matrix="emulate"):
+        model = ember.load_onnx(_linear(TensorProto.FLOAT16, w, c), backend="wgpu")
+        model.run({"x": x})
+        model.run({"x": x})
+        assert model.stats()["matmul.subgroup_matrix_emulated"] == 2
+        assert model.stats()["matmul.subgroup_matrix"] == 0
+        info = model.plan_info()
+        assert info["matmul.subgroup_matrix_emulated"] == 1
+        assert info["runtime"]["matrix"].startswith("emulated")
+    with settings.override(matrix="off"):
+        off = ember.load_onnx(_linear(TensorProto.FLOAT16, w, c), backend="wgpu")
+        off.run({"x": x})
+        assert off.stats()["matmul.subgroup_matrix_emulated"] == 0
