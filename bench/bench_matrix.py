@@ -32,6 +32,7 @@ import harness  # noqa: E402
 import ember  # noqa: E402
 from ember import settings  # noqa: E402
 from ember.backends.wgpu import matmul_sgmat  # noqa: E402
+from ember.backends.wgpu import matmul_sgmat_staged as staged  # noqa: E402
 
 DEFAULT_SIZES = "4096x4096x4096,2048x2048x2048,1024x1024x1024,512x768x768,512x768x3072,512x3072x768"
 
@@ -80,14 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=DEFAULT_SIZES)
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--tiles", default="", help="extra forced tile choices TMxTN for the matrix arm, comma-joined")
+    p.add_argument("--tiles", default="", help="extra forced tile choices TMxTN for the direct matrix kernel")
+    p.add_argument("--staged", default="", help="matmul_sgmat_staged.STAGED_CHOICES indices to force, one column each "
+                   "('all': every one), or literal choices SGM.SGN.TM.TN.BK.DOUBLE.PAD (2.2.4.4.32.0.8); adds a "
+                   "`direct` column (the unstaged kernel's own choice)")
     p.add_argument("--json")
     p.add_argument("--md")
     args = p.parse_args(argv)
     report = harness.Report("matrix units: f16 MatMul", args)
     rng = np.random.default_rng(0)
     dawn = ember.backend("wgpu", webgpu="dawn")
-    print("dawn:", dawn.runtime_info())
+    print("dawn:", dawn.runtime_info(), "workgroup storage:", dawn.limits.get("max-compute-workgroup-storage-size"))
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",") if t]
     for spec in args.sizes.split(","):
         m, k, n = (int(v) for v in spec.split("x"))
@@ -106,14 +110,33 @@ def main(argv: list[str] | None = None) -> int:
         taken = stats.get("matmul.subgroup_matrix", 0) > 0
         put("dawn f16 matrix", ms if taken else None)
         cells["matrix rel err"] = float(np.abs(out.astype(np.float64) - ref).max() / np.abs(ref).max())
-        saved = matmul_sgmat.TILE_CHOICES
-        for tm, tn in tiles:
-            matmul_sgmat.TILE_CHOICES = ((tm, tn),)
-            try:
+        saved, saved_staged, saved_choices = matmul_sgmat.TILE_CHOICES, matmul_sgmat.STAGED, staged.STAGED_CHOICES
+        picks = list(range(len(saved_choices))) if args.staged == "all" else [
+            int(i) if "." not in i else staged.StagedParams(*(int(v) for v in i.split(".")[:5]),
+                                                            *(bool(int(v)) if j == 0 else int(v)
+                                                              for j, v in enumerate(i.split(".")[5:])))
+            for i in args.staged.split(",") if i]
+        try:
+            matmul_sgmat.STAGED = False  # the direct kernel's own tile sweep
+            if picks:
+                ms_d, _, st = ember_ms(f16, a, "dawn", args.reps, matrix="on")
+                put("direct", ms_d if st.get("matmul.subgroup_matrix", 0) else None)
+            for tm, tn in tiles:
+                matmul_sgmat.TILE_CHOICES = ((tm, tn),)
                 ms_t, _, st = ember_ms(f16, a, "dawn", args.reps, matrix="on")
-                put(f"matrix {tm}x{tn}", ms_t if st.get("matmul.subgroup_matrix", 0) else None)
-            finally:
-                matmul_sgmat.TILE_CHOICES = saved
+                put(f"direct {tm}x{tn}", ms_t if st.get("matmul.subgroup_matrix", 0) else None)
+            matmul_sgmat.TILE_CHOICES, matmul_sgmat.STAGED = saved, saved_staged
+            for i in picks:
+                p = saved_choices[i] if isinstance(i, int) else i
+                name = f"staged {i}" if isinstance(i, int) else f"staged {p.sgm}x{p.sgn}/{p.tm}x{p.tn}/{p.bk}" + (
+                    f"{'d' if p.double else 's'}+{p.pad}")
+                staged.STAGED_CHOICES = (p,)
+                ms_s, out_s, st = ember_ms(f16, a, "dawn", args.reps, matrix="on")
+                # A forced choice that does not fit falls back to the direct kernel (no mark in the counters).
+                put(name, ms_s if st.get("matmul.subgroup_matrix", 0) else None)
+                cells[f"{name} err"] = float(np.abs(out_s.astype(np.float64) - ref).max() / np.abs(ref).max())
+        finally:
+            matmul_sgmat.TILE_CHOICES, matmul_sgmat.STAGED, staged.STAGED_CHOICES = saved, saved_staged, saved_choices
         put("dawn f16 gemm", ember_ms(f16, a, "dawn", args.reps, matrix="off")[0])
         put("native f32", ember_ms(f32, a.astype(np.float32), "wgpu-native", args.reps)[0])
         put("dawn f32", ember_ms(f32, a.astype(np.float32), "dawn", args.reps)[0])

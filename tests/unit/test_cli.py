@@ -276,7 +276,10 @@ def test_runtime_error_exits_5(capsys, conv_model, monkeypatch) -> None:
 
 def test_backends_and_demo(capsys, conv_model) -> None:
     code, out, _ = call(capsys, "backends")
-    assert code == 0 and [line.split(":")[0] for line in out.splitlines()] == ember.available_backends()
+    named = list(dict.fromkeys(line.split()[0].split(":")[0] for line in out.splitlines()))
+    assert code == 0 and named == ember.available_backends()
+    if "wgpu" in named:  # a line per WebGPU runtime installed, and which one `auto` takes
+        assert "wgpu (wgpu-native " in out and "wgpu webgpu='auto' takes: " in out
     code, out, _ = call(capsys, "demo", "--model", conv_model, "--repeat", "1")
     assert code == 0 and "onnxruntime (cpu)" in out and "gemm 256x256x256" in out
 

@@ -15,7 +15,8 @@ from ember.model import LOAD_OPTIONS, shared_backend
 
 from .test_plan_cache import mlp
 
-LOAD_VALID = "adapter, autotune, external_data_dir, fuse, plan_cache_bytes, power_preference, precision, safe"
+LOAD_VALID = ("adapter, autotune, external_data_dir, fuse, plan_cache_bytes, power_preference, precision, safe, "
+              "webgpu")
 
 
 @pytest.mark.parametrize(("typo", "meant"), [("autotun", "autotune"), ("precison", "precision"), ("fused", "fuse"),
@@ -54,7 +55,7 @@ def test_backend_typo_names_the_closest_option(typo: str, meant: str) -> None:
             make("cpu", **{typo: 0})
         where = make.__name__
         assert str(info.value) == (f"{where}() got an unexpected option {typo!r} (did you mean {meant!r}?); valid "
-                                   "options: adapter, power_preference, safe")
+                                   "options: adapter, power_preference, safe, webgpu")
 
 
 @pytest.mark.parametrize(("option", "value", "error"), [
@@ -115,13 +116,13 @@ def test_signatures_are_keyword_only_and_typed() -> None:
     assert sorted(keyword) == sorted(LOAD_OPTIONS)
     assert {n: params[n].default for n in keyword} == {
         "external_data_dir": None, "fuse": True, "precision": "f32", "plan_cache_bytes": None, "autotune": None,
-        "adapter": None, "power_preference": None, "safe": False}
+        "adapter": None, "power_preference": None, "safe": False, "webgpu": None}
     assert all(params[n].annotation is not inspect.Parameter.empty for n in keyword)
     for name in keyword:  # each one documented
         assert f"{name} (" in ember.load_onnx.__doc__, name
     bparams = inspect.signature(ember.backend).parameters
-    assert [n for n, p in bparams.items() if p.kind is inspect.Parameter.KEYWORD_ONLY] == ["adapter",
-                                                                                           "power_preference", "safe"]
+    assert [n for n, p in bparams.items() if p.kind is inspect.Parameter.KEYWORD_ONLY] == [
+        "adapter", "power_preference", "safe", "webgpu"]
     # Model takes every option but external_data_dir (which load_onnx reads), also keyword-only.
     mparams = inspect.signature(ember.Model).parameters
     assert sorted(n for n, p in mparams.items() if p.kind is inspect.Parameter.KEYWORD_ONLY) == \

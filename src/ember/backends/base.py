@@ -273,7 +273,7 @@ class ComputeBackend(PublicOps, ABC):
         return 2 if self.matmul_residual else 1
 
     def select_counters(self, steps: list) -> dict[str, int]:
-        """Counters the recorded `steps` add to a plan, by the kernel arm the backend took for them (the matrix units'
+        """Counters a plan's `steps` add to it, by the kernel arm the backend took for them (the matrix units'
         products: `matmul.subgroup_matrix`...): what an op cannot know, since the backend chooses. Here: none."""
         return {}
 

@@ -236,8 +236,6 @@ class Context:
     def record(self, steps: list, label: str | None = None) -> None:
         self.steps.extend(steps)
         self.labels.extend([label or self.node] * len(steps))
-        for key, n in self.backend.select_counters(steps).items():
-            self.count(key, n)
 
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -360,6 +358,6 @@ def declare_counters(*keys: str) -> None:
 
 
 declare_counters("elementwise.kernels", "elementwise.nodes", "epilogue.fused")  # Context.materialize
-# Context.record, from the backend's choice of kernel (select_counters): products on the matrix units, and the same
-# tiling emulated in plain shader code (EMBER_MATRIX=emulate).
+# Counted by the plan from its steps (Plan, backend.select_counters: the backend chose the kernel): products on the
+# matrix units, and the same tiling emulated in plain shader code (EMBER_MATRIX=emulate).
 declare_counters("matmul.subgroup_matrix", "matmul.subgroup_matrix_emulated")

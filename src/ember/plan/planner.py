@@ -42,7 +42,11 @@ class Plan:
         # What the ops counted while planning (Context.count; the keys ember.ops.COUNTERS declares): each occurs
         # once per run of this plan.
         self.counters = dict(ctx.counters)
-        self.stats = dict(ctx.counters)  # the counters and facts others add about this plan (plan_info shows them)
+        # The kernel arms the backend took for these steps (select_counters), from the real steps: a traced build's
+        # are stand-ins, so a template-made plan counts them here too.
+        for key, n in backend.select_counters(self.steps).items():
+            self.counters[key] = self.counters.get(key, 0) + n
+        self.stats = dict(self.counters)  # the counters and facts others add about this plan (plan_info shows them)
         self._readback: tuple[Any, list, dict] | None = None  # prepared steps + output copies, readers
         self._resident: Any = None  # the prepared steps alone, for runs keeping their outputs on the device
         self._writers: list[tuple[str, Tensor, Any]] | None = None

@@ -6,6 +6,8 @@ The first version follows what measured fastest on an H200 (f16 GEMM 4096^3, f32
 buffer and two barriers per K step, was no faster) and holding TM x TN accumulator tiles: 2 x 2 gave 54 TFLOP/s,
 4 x 2 71, 2 x 4 75, 4 x 4 102. So the largest of TILE_CHOICES that still gives ENOUGH_WORKGROUPS, wasting at most
 MAX_WASTE of the padded block on tiles past M or N (those load a clamped origin and are masked at the store).
+With STAGED, record_sgmat takes matmul_sgmat_staged.py's kernel instead where that one is eligible (A and B through
+workgroup memory with 16-byte loads, double-buffered; its own parameter list STAGED_CHOICES).
 
 The emulated variant (EMBER_MATRIX=emulate) runs the same generator with the primitives written out over virtual
 subgroups of EMULATED_SUBGROUP consecutive invocations and a virtual EMULATED_CONFIG: a "loaded" matrix is its
@@ -29,6 +31,7 @@ import numpy as np
 
 from ... import settings
 from ...core.view import View
+from . import matmul_sgmat_staged as staged
 from .program import grid_1d
 from .runtime import MatrixConfig
 from .shader.bindings import Bindings
@@ -45,6 +48,7 @@ AUTO_MIN_VOLUME = 2**32  # M * N * K * Z: smaller products lost to the tuned GEM
 SUBGROUPS = 4  # a workgroup of 2 x 2 subgroups
 EMULATED_CONFIG = MatrixConfig("f16", "f32", 16, 16, 16)
 EMULATED_SUBGROUP = 32  # virtual lanes, the same on every adapter
+STAGED = True  # A and B through workgroup memory where matmul_sgmat_staged allows; False: the direct kernel always
 LABEL_NATIVE = "matmul.subgroup_matrix"
 LABEL_EMULATED = "matmul.subgroup_matrix_emulated"
 _SIZE_KEY = "_sgmat_subgroup_size"  # the measured subgroup size, cached on the backend object
@@ -321,6 +325,12 @@ def sgmat_source(be: WgpuBackend, a: View, b: View, out: View, ep: Epilogue, bin
 
 def record_sgmat(be: WgpuBackend, a: View, b: View, out: View, ep: Epilogue, binds: Bindings,
                  c: SgmatChoice) -> list:
+    """The staged kernel (matmul_sgmat_staged.py) where STAGED and it is eligible, else the direct one."""
+    if STAGED:
+        biggest = _max_subgroup_size(be) if c.native else None
+        p = staged.plan_staged(be, a, b, out, binds, c, biggest, ENOUGH_WORKGROUPS, MAX_WASTE)
+        if p is not None:
+            return staged.record_staged(be, a, b, out, ep, binds, c, p)
     src, grid = sgmat_source(be, a, b, out, ep, binds, c)
     return [be.dispatch(be.pipeline(c.label, src), binds.buffers(), grid, c.label)]
 
