@@ -88,7 +88,7 @@ def test_every_choice_matches_oracle(wgpu_be: ember.ComputeBackend, rng: np.rand
 def test_choices_cover_the_space() -> None:
     """The sweep list holds both buffering settings and both K blocks, and every entry builds on a 48 KiB device."""
     choices = staged.STAGED_CHOICES
-    assert {p.double for p in choices} == {True, False} and {p.bk for p in choices} == {32, 64}
+    assert {p.double for p in choices} == {True, False} and {p.bk for p in choices} == {16, 32}
     limits = {"max-compute-workgroup-storage-size": 49152, "max-compute-invocations-per-workgroup": 1024,
               "max-compute-workgroup-size-x": 1024}
     for b_col in (False, True):
@@ -105,6 +105,7 @@ OFF_LIST = {  # name: (config, virtual subgroup, params, (nb, m, n, k), options)
                                              (1, 28, 40, 64), dict(act="relu")),
     "tall_4x2_layout": (CFG8, 32, StagedParams(4, 2, 2, 2, 32, False, 16), (1, 160, 96, 128),
                         dict(b_col=True, pad=8)),
+    "bk64_double": (CFG8, 32, StagedParams(2, 2, 2, 2, 64, True, 8), (2, 48, 64, 192), dict(bias="m")),
 }
 
 
@@ -253,13 +254,13 @@ def test_native_planning() -> None:
                                   sgmat.MAX_WASTE)
 
     big = _views(4096, 4096, 4096)
-    assert plan(FakeDevice(49152), *big) == StagedParams(2, 2, 4, 4, 32, True, 8)
-    assert plan(FakeDevice(32768), *big) == StagedParams(2, 2, 4, 4, 32, False, 8)
-    # The 8-subgroup choices need 256 invocations; with at most 128, the first 4-subgroup choice that fits.
-    assert plan(FakeDevice(40960, 128), *big) == StagedParams(2, 2, 4, 4, 64, False, 8)
+    assert plan(FakeDevice(49152), *big) == StagedParams(2, 2, 4, 4, 32, False, 8)
+    assert plan(FakeDevice(20480), *big) == StagedParams(2, 2, 2, 4, 32, False, 8)  # 128 x 128 needs 23040 bytes
     # Subgroups of up to 256 lanes: 4 x 32 invocations might run as one subgroup, so only 8 x 32 choices qualify.
-    assert plan(FakeDevice(49152, 1024, 256), *big) == StagedParams(2, 4, 4, 2, 32, True, 8)
-    assert plan(FakeDevice(49152), *_views(4096, 4096, 4080)) is None  # no BK divides K
+    assert plan(FakeDevice(49152, 1024, 256), *big) == StagedParams(2, 4, 4, 4, 32, False, 8)
+    assert plan(FakeDevice(49152, 128, 256), *big) is None  # ... and those need 256 invocations
+    # K a multiple of 16, not of 32: the BK = 16 choice.
+    assert plan(FakeDevice(49152), *_views(4096, 4096, 4080)) == StagedParams(2, 2, 2, 2, 16, False, 8)
     assert plan(FakeDevice(8192), *big) is None  # nothing fits
     a, b, out, _ = big
     through_out = Bindings(1, {}, {1: "f16", 2: "f16"})  # A in the output's buffer: read through `out`
@@ -354,10 +355,11 @@ def test_emulated_source_unpacks(wgpu_be: ember.ComputeBackend) -> None:
 NATIVE = {  # name: (choice index or None (the plan's), nb, m, n, k, options)
     "plan_4096_like": (None, 1, 256, 256, 256, {}),
     "first_choice_batch_col_major_f16": (0, 2, 144, 240, 96, dict(b_col=True, out_dtype=F16, bias="n")),
-    "bk64_single_residual_gelu": (2, 1, 128, 128, 128, dict(residual=True, act="gelu", pad=8)),
-    "single_bk32_shared_b": (4, 2, 160, 128, 64, dict(b_shared=True)),
-    "double_64x128_row_bias_offsets": (5, 1, 96, 272, 96, dict(bias="m", offset=8, pad=8)),
-    "small_blocks_relu_f16": (10, 3, 48, 80, 64, dict(out_dtype=F16, act="relu")),
+    "block_64x128_residual_gelu": (2, 1, 128, 128, 128, dict(residual=True, act="gelu", pad=8)),
+    "block_32x64_shared_b": (4, 2, 160, 128, 64, dict(b_shared=True)),
+    "block_64x32_row_bias_offsets": (5, 1, 96, 272, 96, dict(bias="m", offset=8, pad=8)),
+    "double_small_blocks_relu_f16": (6, 3, 48, 80, 64, dict(out_dtype=F16, act="relu")),
+    "bk16_col_major": (7, 1, 64, 96, 80, dict(b_col=True)),
 }
 
 

@@ -87,21 +87,19 @@ class StagedParams:
                 f"{'double' if self.double else 'single'}-buffered, rows +{self.pad}")
 
 
-# Preferred first; the comments give a 16 x 16 x 16 config's block and bytes of workgroup memory (B row-major / B^T):
-# the first two need up to 48 KiB (NVIDIA's Vulkan limit), 4, 7 and from 8 on fit 32 KiB (lavapipe's; 5 with B
-# row-major). Nothing here is measured yet: the list is the sweep's starting point.
+# Preferred first (choose_staged takes the first giving enough workgroups), ordered by the H200 sweep in
+# BENCHMARKS.md (session 16): single buffering beat double buffering at every size there (the double-buffered
+# arrays halve the workgroups an SM holds), BK = 32 beat 16 and 64, rows padded by 8 beat 0 and 16. The comments
+# give a 16 x 16 x 16 config's block and workgroup bytes (B row-major / B^T).
 STAGED_CHOICES: tuple[StagedParams, ...] = (
-    StagedParams(2, 2, 4, 4, 32, True, 8),  # 128 x 128, 41984 / 45056
-    StagedParams(2, 4, 4, 2, 32, True, 8),  # 128 x 128 over 8 subgroups, 46080 / 49152
-    StagedParams(2, 2, 4, 4, 64, False, 8),  # 128 x 128, 39936 / 40960
-    StagedParams(2, 4, 4, 4, 32, False, 8),  # 128 x 256 over 8 subgroups, 35328 / 38912
     StagedParams(2, 2, 4, 4, 32, False, 8),  # 128 x 128, 23040 / 24576
-    StagedParams(2, 2, 2, 4, 32, True, 8),  # 64 x 128, 31744 / 34816
-    StagedParams(2, 2, 2, 2, 64, True, 8),  # 64 x 64, 40960 / 40960
-    StagedParams(2, 2, 2, 2, 32, True, 8),  # 64 x 64, 23552 / 24576
-    StagedParams(2, 2, 1, 2, 32, True, 8),  # 32 x 64, 18432 / 19456
-    StagedParams(2, 2, 2, 1, 32, True, 8),  # 64 x 32, 19456 / 19456
+    StagedParams(2, 4, 4, 4, 32, False, 8),  # 128 x 256 over 8 subgroups, 35328 / 38912
+    StagedParams(2, 2, 2, 4, 32, False, 8),  # 64 x 128
+    StagedParams(2, 2, 2, 2, 32, False, 8),  # 64 x 64
+    StagedParams(2, 2, 1, 2, 32, False, 8),  # 32 x 64
+    StagedParams(2, 2, 2, 1, 32, False, 8),  # 64 x 32
     StagedParams(2, 2, 1, 1, 32, True, 8),  # 32 x 32, 14336 / 14336
+    StagedParams(2, 2, 2, 2, 16, False, 8),  # 64 x 64 for K a multiple of 16 but not of 32
 )
 
 
