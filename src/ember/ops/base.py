@@ -360,4 +360,5 @@ def declare_counters(*keys: str) -> None:
 declare_counters("elementwise.kernels", "elementwise.nodes", "epilogue.fused")  # Context.materialize
 # Counted by the plan from its steps (Plan, backend.select_counters: the backend chose the kernel): products on the
 # matrix units, and the same tiling emulated in plain shader code (EMBER_MATRIX=emulate).
-declare_counters("matmul.subgroup_matrix", "matmul.subgroup_matrix_emulated")
+declare_counters("matmul.subgroup_matrix", "matmul.subgroup_matrix_emulated", "conv.subgroup_matrix",
+                 "conv.subgroup_matrix_emulated")

@@ -97,7 +97,8 @@ class WgpuBackend(ComputeBackend):
         return dev._describe(self.adapter)
 
     # Dispatch labels of the kernel arms plans count (select_counters): the label is the counter's name.
-    ARM_COUNTERS = frozenset({"matmul.subgroup_matrix", "matmul.subgroup_matrix_emulated"})
+    ARM_COUNTERS = frozenset({"matmul.subgroup_matrix", "matmul.subgroup_matrix_emulated", "conv.subgroup_matrix",
+                              "conv.subgroup_matrix_emulated"})
 
     def select_counters(self, steps: list) -> dict[str, int]:
         found: dict[str, int] = {}

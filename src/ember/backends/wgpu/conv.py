@@ -1,6 +1,7 @@
 """2-D convolution on the wgpu backend (NCHW, filter (K, C/groups, R, S)), bias + activation fused.
 
 record_conv picks the kernel:
+- float16 x and w where conv_sgmat.plan_conv_sgmat takes it (EMBER_MATRIX): implicit GEMM on the matrix units.
 - 1x1, stride 1, no padding, one group: a batched matmul (weights broadcast over the batch; matmul.py).
 - depthwise (C/groups == 1, groups == C): conv_depthwise.py, one output per thread.
 - few input channels and a large window (an image model's stem): conv_direct.py, input patch and filter staged
@@ -17,6 +18,7 @@ from ...core.view import View
 from .conv_depthwise import record_depthwise
 from .conv_direct import direct_geometry, record_direct
 from .conv_igemm import record_implicit_gemm
+from .conv_sgmat import plan_conv_sgmat, record_conv_sgmat
 from .conv_shape import check_conv_shape
 from .matmul import record_matmul
 from .program import kernel
@@ -48,6 +50,9 @@ def record_conv(be: WgpuBackend, x: View, w: View, bias: View | None, out: View,
     if x.size == 0 or w.size == 0:
         raise ValueError("conv: empty input or filter with a non-empty output")
 
+    sgm = plan_conv_sgmat(be, cs, x, w, out, types)  # f16 on the matrix units (conv_sgmat.py), before the rest
+    if sgm is not None:
+        return record_conv_sgmat(be, cs, sgm, x, w, bias, out, act, types, res3)
     if (groups == 1 and cs.r == cs.s == 1 and (cs.sh, cs.sw) == (1, 1) and not any(pads)):
         hw = cs.h * cs.w
         a = View(w.handle, w.dtype, (cs.n, cs.k, cs.c), (0, cs.c, 1), w.offset)

@@ -2,7 +2,7 @@
 every STAGED_CHOICES entry (and a few shapes off the list), which products take it and which fall back to the
 direct kernel, the choice of parameters, and the native WGSL text for a fake config.
 
-run_case (test_matmul_sgmat.py) runs one product through record_matmul; `spy` records which products reached
+run_case (test_wgpu_matmul_sgmat.py) runs one product through record_matmul; `spy` records which products reached
 record_staged, since the staged and the direct kernel share their labels.
 """
 
@@ -24,7 +24,7 @@ from ember.backends.wgpu.runtime import MatrixConfig
 from ember.backends.wgpu.shader.bindings import Bindings
 from ember.core.expr import call, inp
 
-from .test_matmul_sgmat import CASES, F16, F32, FakeDawn, run_case
+from .test_wgpu_matmul_sgmat import CASES, F16, F32, FakeDawn, run_case
 
 CFG16 = MatrixConfig("f16", "f32", 16, 16, 16)
 CFG8 = MatrixConfig("f16", "f32", 8, 8, 8)
@@ -198,7 +198,7 @@ def test_misaligned_takes_direct_kernel(wgpu_be: ember.ComputeBackend, rng: np.r
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_direct_kernel_when_switched_off(wgpu_be: ember.ComputeBackend, rng: np.random.Generator,
                                          monkeypatch: pytest.MonkeyPatch, spy: Spy, name: str) -> None:
-    """STAGED = False: test_matmul_sgmat's cases on the direct kernel (with it on, the aligned ones run staged), on
+    """STAGED = False: test_wgpu_matmul_sgmat's cases on the direct kernel (with it on, the aligned ones run staged), on
     an 8 x 8 x 8 config: the 16 x 16 x 16 4 x 4 kernel takes lavapipe 24 s to compile."""
     nb, m, n, k, tiles, opts = CASES[name]
     monkeypatch.setattr(sgmat, "STAGED", False)
