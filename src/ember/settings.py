@@ -187,7 +187,8 @@ PIPELINE_CACHE = _declare("pipeline_cache", "EMBER_PIPELINE_CACHE", _count, 1024
 WGPU_PY_ENCODE = _declare("wgpu_py_encode", "EMBER_WGPU_PY_ENCODE", _flag, False, "bool",
                           "wgpu: encode through wgpu-py's wrappers instead of raw wgpu-native calls (to compare).")
 NATIVE_GEMM = _declare("native_gemm", "EMBER_NATIVE_GEMM", _flag, True, "bool",
-                       "cpu: use the compiled GEMM/conv kernels where built (read when they are first loaded).")
+                       "cpu: use the compiled kernels where built: GEMM/conv, and norms, decode attention, GELU "
+                       "and moved copies (read when they are first loaded).")
 CPU_THREADS = _declare("cpu_threads", "EMBER_CPU_THREADS", _count, None, "count",
                        "cpu: threads of the backend's pool (read when it is made); unset: the cores, at most 4.")
 TEMPLATES = _declare("templates", "EMBER_TEMPLATES", _flag, True, "bool",

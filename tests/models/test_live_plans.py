@@ -60,16 +60,15 @@ def test_a_decode_runs_on_one_live_plan_that_regrows(backend_name: str) -> None:
     made = [v for i, (v, _, p, *_) in enumerate(seen) if i == 0 or p != seen[i - 1][2]]
     assert made == [5, 14, 29] and seen[-1][1] == capacity(29)
     plan = _live(model)
+    # Every moving record call keeps its steps: a move writes sizes (wgpu: uniforms; cpu: the steps' arrays, made
+    # again from them), records nothing, compiles nothing, and the replay prepared for the first run at a plan
+    # serves the next lengths too.
+    assert plan._fast and not plan._remake
+    last = [s for s in seen if s[2] == id(plan)]
+    assert len({s[3] for s in last[1:]}) == 1 and last[-1][3] is not None
+    assert len({s[5] for s in seen}) == 1, "a regrown plan refits its sizes instead of taking the old fit"
     if backend_name == "wgpu":
-        # Every moving record call keeps its steps: a move writes sizes, records nothing, compiles nothing, and
-        # the replay prepared for the first run at a plan serves the next lengths too.
-        assert plan._fast and not plan._remake
-        last = [s for s in seen if s[2] == id(plan)]
-        assert len({s[3] for s in last[1:]}) == 1 and last[-1][3] is not None
         assert last[-1][4] == seen[0][4], "a decode step compiled a pipeline"
-        assert len({s[5] for s in seen}) == 1, "a regrown plan refits its sizes instead of taking the old fit"
-    else:
-        assert not plan._fast and plan._remake  # no runtime sizes on cpu: the moving calls are made again
 
 
 def test_alternating_lengths_move_one_live_plan_and_stay_correct(backend_name: str) -> None:

@@ -13,6 +13,7 @@ number is a `Mismatch`, and the caller traces a build instead.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 from ..ir import Graph
 from ..ops import Tensor
 from .folding import FoldCache, fold
-from .host_fold import host_fold
+from .host_fold import fold_arrays, fold_case, host_fold
 from .planner import F16, f16_copy
 from .tape import Refused, Tape
 from .template import Mismatch, Point, equal_leaves, own_point
@@ -53,7 +54,16 @@ def fit(values: list[Any], vs: list[int]) -> tuple:
         if x.dtype.kind not in "iu" or x.size > 4096:
             raise Refused("an array argument changes values that are not small integer arrays")
         ys = [np.array([Fraction(int(e)) for e in y.reshape(-1)], dtype=object) for y in values]
-        return ("a", vs, _newton(vs, ys), x.dtype, x.shape)
+        coef = _newton(vs, ys)
+        if all(e.denominator == 1 for c in coef for e in c) and x.size <= 16:  # a shape: per element, exactly
+            return ("ap", vs, [[int(c[j]) for c in coef] for j in range(x.size)], x.dtype, x.shape)
+        if all(e.denominator == 1 for c in coef for e in c):  # whole (shape arithmetic): int64 where it fits
+            ints = [np.array([int(e) for e in c], dtype=object) for c in coef]
+            scale = max((abs(int(e)) for c in ints for e in c), default=0)
+            small = scale < 2**62 and x.dtype == np.int64  # else exact, in Python's integers
+            return ("ai", vs, [c.astype(np.int64) if small else c for c in ints], x.dtype, x.shape,
+                    scale if small else 2**62)
+        return ("a", vs, coef, x.dtype, x.shape)
     if any(type(y) is not type(x) for y in values):
         raise Refused("a number changes type with the input dims")
     if all(y == x or (isinstance(x, float) and math.isnan(x) and math.isnan(y)) for y in values[1:]):
@@ -78,6 +88,14 @@ def at(f: tuple, v: int) -> Any:
     kind = f[0]
     if kind == "c":
         return f[1]
+    if kind == "ap":
+        return np.array([_horner(f[1], c, v) for c in f[2]], dtype=f[3]).reshape(f[4])
+    if kind == "ai":
+        coef = f[2]
+        if f[5] * len(coef) * (abs(v) + max(abs(x) for x in f[1]) + 1) ** (len(coef) - 1) < 2**62:
+            return _horner(f[1], coef, v).astype(f[3]).reshape(f[4])  # int64 arithmetic cannot overflow here
+        value = _horner(f[1], [c.astype(object) for c in coef], v)
+        return np.array([int(e) for e in value], dtype=f[3]).reshape(f[4])
     value = _horner(f[1], f[2], v)
     if kind == "f":
         return float(value)
@@ -90,6 +108,39 @@ def at(f: tuple, v: int) -> Any:
     if any(e.denominator != 1 for e in value):
         raise Mismatch(f"an index array would not be whole at {v}")
     return np.array([int(e) for e in value], dtype=f[3]).reshape(f[4])
+
+
+class _Many:
+    """Fitted numbers evaluated together: the moving ones with whole coefficients in one int64 product (exact
+    where it cannot overflow), the others one by one."""
+
+    def __init__(self, fits: list[tuple]) -> None:
+        self.fits = fits
+        self.base = [f[1] if f[0] == "c" else None for f in fits]
+        whole = [j for j, f in enumerate(fits) if f[0] == "i" and all(type(c) is int for c in f[2])]
+        self.vs = fits[whole[0]][1] if whole else []
+        self.whole = [j for j in whole if fits[j][1] == self.vs]
+        self.rest = [j for j, f in enumerate(fits) if f[0] != "c" and j not in set(self.whole)]
+        width = len(self.vs)
+        rows = [list(fits[j][2]) + [0] * (width - len(fits[j][2])) for j in self.whole]
+        self.scale = max((abs(c) for r in rows for c in r), default=0)
+        self.coef = np.array(rows, dtype=np.int64) if self.scale < 2**62 else None
+
+    def at(self, v: int) -> list[Any]:
+        out = list(self.base)
+        if self.whole:
+            basis = [1]
+            for x in self.vs[:-1]:
+                basis.append(basis[-1] * (v - x))  # Newton's basis: at()'s Horner form, term by term
+            if self.coef is not None and self.scale * sum(abs(b) for b in basis) < 2**62:
+                values = (self.coef @ np.array(basis, dtype=np.int64)).tolist()
+            else:
+                values = [at(self.fits[j], v) for j in self.whole]
+            for j, x in zip(self.whole, values, strict=True):
+                out[j] = x
+        for j in self.rest:
+            out[j] = at(self.fits[j], v)
+        return out
 
 
 class _Same(list):
@@ -130,10 +181,15 @@ class Template:
         self.sources = sources
         self.graph, self.folds, self.host_values, self.tape = graph, folds, host_values, tapes[0]
         self.dims = {n: _fits([list(s[n]) for s in shapes], vs) for n in s0}
+        # predict's checks: the dims that move with v, and per input the axes that do not and their values.
+        self._moving_dims = [(n, ax, f) for n, fits in self.dims.items() for ax, f in enumerate(fits) if f[0] != "c"]
+        self._fixed_dims = [(n, tuple(ax for ax, f in enumerate(fits) if f[0] == "c"),
+                             tuple(f[1] for f in fits if f[0] == "c")) for n, fits in self.dims.items()]
         entries = list(zip(*(t.entries for t in tapes), strict=True))
         leaves = [_fits([e.leaves for e in group], vs) for group in entries]
         results = [_fits([e.result_leaves for e in group], vs) for group in entries]
         self.io = _fits([t.io[1] for t in tapes], vs)
+        self._io = _Many(self.io)
         # Questions whose arguments and answers are the same at every point are not asked again.
         self.ask = {i for i, (group, a, r) in enumerate(zip(entries, leaves, results, strict=True))
                     if group[0].kind == "query" and not (_fixed(a) and _fixed(r))}
@@ -153,8 +209,12 @@ class Template:
                 link = group[0].const[2]  # a graph value, or (a graph value, the dtype it was cast to)
                 self.consts[i] = ("p", link)
                 wanted.add(link if isinstance(link, str) else link[0])
+        self._recomputed = [i for i, c in self.consts.items() if c[0] == "p"]
         self.program = self._program(tapes, wanted) if wanted else []
-        self._steps = self._compile()  # the program, its inputs resolved
+        self._static_steps: list[Callable[[dict, int], None]] = []
+        self._moving_steps: list[Callable[[dict, int], None]] = []
+        self._compile()  # the program, its inputs resolved
+        self._static: dict[str, np.ndarray] | None = None  # the static steps' values, once run
 
     @property
     def degree(self) -> int:
@@ -195,18 +255,22 @@ class Template:
     def predict(self, shapes: Shapes) -> int | None:
         """The template's v for these input shapes, or None if they are not on its curve."""
         name, axis = self.var
-        if name not in shapes or len(shapes[name]) != len(self.dims[name]):
+        got = shapes.get(name)
+        if got is None or len(got) != len(self.dims[name]):
             return None
-        v = shapes[name][axis]
-        if min((d for n, dims in shapes.items() for d, f in zip(dims, self.dims[n], strict=False) if f[0] != "c"),
-               default=2) < 2:
+        for n, fits in self.dims.items():
+            dims = shapes.get(n)
+            if dims is None or len(dims) != len(fits):
+                return None
+        if any(shapes[n][ax] < 2 for n, ax, _ in self._moving_dims):
             return None  # a dim of 0 or 1 plans differently (no work, broadcast strides): traced on its own
+        v = got[axis]
         try:
-            for n, fits in self.dims.items():
-                got = shapes.get(n)
-                if got is None or len(got) != len(fits) or any(at(f, v) != d for f, d in zip(fits, got, strict=True)):
-                    return None
+            if any(at(f, v) != shapes[n][ax] for n, ax, f in self._moving_dims):
+                return None
         except Mismatch:
+            return None
+        if any(tuple(shapes[n][ax] for ax in axes) != values for n, axes, values in self._fixed_dims):
             return None
         return v
 
@@ -216,23 +280,25 @@ class Template:
         return fits if isinstance(fits, _Same) else [at(f, v) for f in fits]
 
     def io_at(self, v: int) -> list[Any]:
-        return [at(f, v) for f in self.io]
+        return self._io.at(v)
 
-    def point(self, v: int, pool: WeightPool, only: set[int] | None = None) -> Point:
+    def point(self, v: int, pool: WeightPool, only: set[int] | None = None, keys: bool = True) -> Point:
         """The tape's numbers at v (Mismatch where they are not whole); with `only`, the numbers of those entries
-        (and of the io and constants), the others' left None."""
+        (and of the io and the recomputed constants: the fixed ones are left out), the others' left None; without
+        `keys`, the recomputed constants' pool keys are None (a live plan writes those into buffers of its own)."""
         leaves: list[Any] = [None] * len(self.leaves)
         results: list[Any] = [None] * len(self.results)
-        for i in range(len(self.leaves)) if only is None else only | set(self.consts):
+        for i in range(len(self.leaves)) if only is None else only.union(self._recomputed):
             leaves[i] = self.leaves_at(i, v)
             fits = self.results[i]
             results[i] = fits if isinstance(fits, _Same) else [at(f, v) for f in fits]
-        io = [at(f, v) for f in self.io]
+        io = self._io.at(v)
         values = self._run_program(v) if self.program else {}
         consts = {}
         for i, c in self.consts.items():
             if c[0] == "c":
-                consts[i] = (c[1], c[2])
+                if only is None:
+                    consts[i] = (c[1], c[2])
                 continue
             dtype = np.dtype(self.tape.entries[i].skeleton[0])
             if isinstance(c[1], str):
@@ -242,37 +308,38 @@ class Template:
             if value.size != leaves[i][0]:
                 raise Mismatch(f"constant {c[1]!r} has {value.size} elements at {v}, the template expected "
                                f"{leaves[i][0]}")
-            consts[i] = (pool.key(value, dtype, value.size, {})[0], value)
+            consts[i] = (pool.key(value, dtype, value.size, {})[0] if keys else None, value)
         return Point(leaves, results, io, consts, self.ask, self.moving)
 
     def _run_program(self, v: int) -> dict[str, np.ndarray]:
         """The program's values at v. A move runs it every time: its steps' inputs are resolved once (a value
-        computed by an earlier step by name, an initializer or host value as a ready Tensor), and a fold that
-        host_fold takes skips the fold cache (its inputs move with v: the cache's key would be made for nothing)."""
-        env: dict[str, np.ndarray] = {}
-        folds = self.folds
-        for step in self._steps:
-            if step[0] == "run":
-                for name, f in step[1]:
-                    env[name] = np.asarray(at(f, v))
-                continue
-            _, node, op, getters = step
-            ins = [g if type(g) is not str else _tensor(env[g]) for g in getters]
-            outs = host_fold(op, ins)
-            if outs is None:
-                outs = folds.fold(node, op, ins) if folds is not None else fold(op, ins)
-            for name, t in zip(node.outputs, outs, strict=False):
-                if name and t is not None:
-                    env[name] = np.asarray(t.value)
+        computed by an earlier step by name, an initializer or host value as a ready array), the steps whose
+        values do not move with v ran once (their values are kept), and a fold that host_fold takes runs on the
+        arrays themselves (no Tensors) and skips the fold cache (its inputs move with v: the cache's key would be
+        made for nothing)."""
+        if self._static is None:
+            self._static = {}
+            for step in self._static_steps:
+                step(self._static, v)
+        env = dict(self._static)
+        for step in self._moving_steps:
+            step(env, v)
         return env
 
-    def _compile(self) -> list[tuple]:
+    def _compile(self) -> None:
+        """The program as steps (each a function of the values so far and v), split into the static ones, whose
+        values do not move with v, and the moving ones."""
         made: set[str] = set()
-        steps: list[tuple] = []
+        moves: set[str] = set()  # the values that move with v
+        self._static_steps, self._moving_steps = [], []
         for step in self.program:
             if step[0] == "run":
-                steps.append(("run", list(step[1].items())))
+                fits = [(n, ("c", np.asarray(f[1])) if f[0] == "c" else f) for n, f in step[1].items()]
+                moving = any(f[0] != "c" for _, f in fits)
+                (self._moving_steps if moving else self._static_steps).append(_fitted_step(fits))
                 made.update(step[1])
+                if moving:
+                    moves.update(step[1])
                 continue
             _, node, op = step
             getters: list[Any] = []
@@ -284,9 +351,40 @@ class Template:
                 else:
                     arr = self.graph.initializers.get(name)
                     getters.append(_tensor(arr if arr is not None else self.host_values[name]))
-            steps.append(("fold", node, op, getters))
+            moving = any(type(g) is str and g in moves for g in getters)
+            (self._moving_steps if moving else self._static_steps).append(self._fold_step(node, op, getters))
             made.update(n for n in node.outputs if n)
-        return steps
+            if moving:
+                moves.update(n for n in node.outputs if n)
+
+    def _fold_step(self, node: Any, op: Any, getters: list[Any]) -> Callable[[dict, int], None]:
+        """A node folded again: by host_fold's case on its inputs' arrays where it has one and takes them (none
+        omitted), else as the planner folds it."""
+        folds = self.folds
+        case = fold_case(node.op_type) if None not in getters and node.outputs else None
+        arrays = [g if type(g) is str else np.asarray(g.value) for g in getters]
+        out = node.outputs[0] if node.outputs else ""
+
+        def slow(env: dict[str, np.ndarray]) -> None:
+            ins = [g if type(g) is not str else _tensor(env[g]) for g in getters]
+            outs = host_fold(op, ins)
+            if outs is None:
+                outs = folds.fold(node, op, ins) if folds is not None else fold(op, ins)
+            for name, t in zip(node.outputs, outs, strict=False):
+                if name and t is not None:
+                    env[name] = np.asarray(t.value)
+
+        if case is None:
+            return lambda env, v: slow(env)
+
+        def step(env: dict[str, np.ndarray], v: int) -> None:
+            got = fold_arrays(case, op, [a if type(a) is not str else env[a] for a in arrays])
+            if got is None:
+                slow(env)
+            elif out:
+                env[out] = got
+
+        return step
 
     def verify(self, tape: Tape, shapes: Shapes, pool: WeightPool) -> bool:
         """Whether another build, `tape` at `shapes`, is what the template says it is, number for number."""
@@ -302,6 +400,15 @@ class Template:
                 and all(equal_leaves(x, y) for x, y in zip(p.results, own.results, strict=True))
                 and equal_leaves(p.io, own.io)
                 and all(p.consts[i][0] == own.consts[i][0] for i in p.consts))
+
+
+def _fitted_step(fits: list[tuple[str, tuple]]) -> Callable[[dict, int], None]:
+    """The values of a node that was planned (Shape's dims) at v, from their fits."""
+    def step(env: dict[str, np.ndarray], v: int) -> None:
+        for name, f in fits:
+            env[name] = f[1] if f[0] == "c" else np.asarray(at(f, v))
+
+    return step
 
 
 def _tensor(arr: np.ndarray) -> Tensor:

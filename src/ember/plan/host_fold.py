@@ -30,13 +30,26 @@ def host_fold(op: Op, inputs: list[Tensor | None]) -> list[Tensor | None] | None
     fn = _CASES.get(op.node.op_type)
     if fn is None:
         return None
-    values = [np.asarray(t.value) for t in inputs if t is not None]
-    if any(v.dtype.kind not in "biuf" for v in values):
-        return None
-    out = fn(op, values)
+    out = fold_arrays(fn, op, [np.asarray(t.value) for t in inputs if t is not None])
     if out is None:
         return None
     return [Tensor(out.dtype, out.shape, value=out)]
+
+
+Case = Callable[[Op, list[np.ndarray]], np.ndarray | None]
+
+
+def fold_case(op_type: str) -> Case | None:
+    """The case taking nodes of `op_type`, if any: for fold_arrays, looked up once per node."""
+    return _CASES.get(op_type)
+
+
+def fold_arrays(case: Case, op: Op, values: list[np.ndarray]) -> np.ndarray | None:
+    """host_fold on the inputs' arrays (none omitted) with the node's case: its output's array, or None."""
+    for v in values:
+        if v.dtype.kind not in "biuf":
+            return None
+    return case(op, values)
 
 
 def _same(values: list[np.ndarray]) -> bool:
@@ -44,9 +57,14 @@ def _same(values: list[np.ndarray]) -> bool:
 
 
 def _arith(op: Op, values: list[np.ndarray]) -> np.ndarray | None:
-    if len(values) != 2 or not _same(values) or values[0].dtype.kind == "b" or values[0].dtype.itemsize < 4:
+    if len(values) != 2:
+        return None
+    dt = values[0].dtype
+    if values[1].dtype != dt or dt.kind == "b" or dt.itemsize < 4:
         return None  # bool, and half-precision or 8/16-bit arithmetic: the op's kernels
-    with np.errstate(all="ignore"):  # integer wrap-around and float overflow, as the cpu kernels give
+    if dt.kind != "f":  # integer ufuncs wrap around silently
+        return np.asarray(_ARITH[op.node.op_type](values[0], values[1]), dtype=dt)
+    with np.errstate(all="ignore"):  # float overflow, as the cpu kernels give
         out = _ARITH[op.node.op_type](values[0], values[1])
     return np.asarray(out, dtype=values[0].dtype)
 
@@ -91,16 +109,30 @@ def _where(op: Op, values: list[np.ndarray]) -> np.ndarray | None:
     return np.asarray(np.where(values[0], values[1], values[2]), dtype=values[1].dtype)
 
 
+_UNSQUEEZED: dict[tuple[int, tuple[int, ...]], list[int] | None] = {}  # (rank, axes) -> where the 1s go, or None
+
+
 def _unsqueeze(op: Op, values: list[np.ndarray]) -> np.ndarray | None:
     x = values[0]
-    axes = [int(a) for a in values[1].reshape(-1)] if len(values) > 1 else op.attr.get("axes")
+    if len(values) > 1:
+        if values[1].dtype.kind not in "iu":
+            return None
+        axes = tuple(values[1].reshape(-1).tolist())
+    else:
+        axes = tuple(op.attr.get("axes") or ())
     if not axes:
         return None
-    rank = x.ndim + len(axes)
-    if any(not -rank <= a < rank for a in axes):
-        return None
-    norm = sorted(a % rank for a in axes)
-    if len(set(norm)) != len(norm):
+    key = (x.ndim, axes)
+    norm = _UNSQUEEZED.get(key, [])
+    if norm == []:  # not seen yet: checked once per rank and axes (a template's program runs it on every move)
+        rank = x.ndim + len(axes)
+        norm = sorted(a % rank for a in axes) if all(-rank <= a < rank for a in axes) else None
+        if norm is not None and len(set(norm)) != len(norm):
+            norm = None
+        if len(_UNSQUEEZED) > 4096:
+            _UNSQUEEZED.clear()
+        _UNSQUEEZED[key] = norm
+    if norm is None:
         return None
     shape = list(x.shape)
     for a in norm:
@@ -116,9 +148,12 @@ def _gather(op: Op, values: list[np.ndarray]) -> np.ndarray | None:
     if idx.dtype.kind not in "iu" or not -data.ndim <= axis < data.ndim:
         return None
     n = data.shape[axis]
-    if idx.size and (idx.min() < -n or idx.max() >= n):
-        return None
-    return np.take(data, idx.astype(np.int64), axis=axis % data.ndim)
+    if idx.size:
+        few = idx.reshape(-1).tolist() if idx.size <= 16 else None  # shape arithmetic: a few indices, in Python
+        lo, hi = (min(few), max(few)) if few is not None else (idx.min(), idx.max())
+        if lo < -n or hi >= n:
+            return None
+    return data.take(idx if idx.dtype == np.int64 else idx.astype(np.int64), axis=axis % data.ndim)
 
 
 def _concat(op: Op, values: list[np.ndarray]) -> np.ndarray | None:
@@ -140,10 +175,13 @@ def _range(op: Op, values: list[np.ndarray]) -> np.ndarray | None:
     if d == 0:
         return None  # the op's error
     n = max(int(math.ceil((lim - s) / d)), 0)
-    return (s + np.arange(n) * d).astype(values[0].dtype)  # ops/constant.py's Range, number for number
+    dt = values[0].dtype
+    if dt.kind in "iu" and d == 1 and -2**62 < s < 2**62 and n < 2**62:  # positions: one arange, the same numbers
+        return np.arange(s, s + n, dtype=np.int64).astype(dt, copy=False)
+    return (s + np.arange(n) * d).astype(dt)  # ops/constant.py's Range, number for number
 
 
-_CASES: dict[str, Callable[[Op, list[np.ndarray]], np.ndarray | None]] = {
+_CASES: dict[str, Case] = {
     **dict.fromkeys(_ARITH, _arith), **dict.fromkeys(_COMPARE, _compare), **dict.fromkeys(_LOGIC, _logic),
     "Not": _not, "Cast": _cast, "Where": _where, "Unsqueeze": _unsqueeze, "Gather": _gather, "Concat": _concat,
     "Range": _range,

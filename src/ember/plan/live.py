@@ -110,6 +110,12 @@ class LivePlan(Plan):
         self.template, self.v, self.capacity, self.moves = template, v, room, 0
         self._storage, self._calls, self._results, self._consts = storage, calls, results, sorted(consts)
         self._fast, self._sizes, self._bounds, self._structures = fast
+        self._bound_rows = np.array([row for row, _ in self._bounds], dtype=np.int64)
+        self._bound_max = np.array([bound for _, bound in self._bounds], dtype=np.int64)
+        # Per moving constant: its element's bytes and its buffer's, and its dtype (move checks and writes it).
+        self._const_rooms = [(i, storage(np.dtype(entries[i].skeleton[0])), self._room[Ref("const", i)])
+                             for i in self._consts]
+        self._const_dtypes = {i: np.dtype(entries[i].skeleton[0]) for i in self._consts}
         self._moving = moving
         self._remake = [i for i in moving if entries[i].kind in ("steps", "upload") and i not in self._fast]
         self._needs, self._need_refs = rooms
@@ -227,7 +233,7 @@ class LivePlan(Plan):
         return numbers, refs
 
     @staticmethod
-    def _write_const(backend: ComputeBackend, handles: dict[Ref, int], i: int, value: Any, dtype: str) -> None:
+    def _write_const(backend: ComputeBackend, handles: dict[Ref, int], i: int, value: Any, dtype: Any) -> None:
         array = np.ascontiguousarray(value, np.dtype(dtype))
         if array.size:
             backend.upload(handles[Ref("const", i)], array)
@@ -237,7 +243,7 @@ class LivePlan(Plan):
         if v == self.v:
             return
         template, tape, be = self.template, self.template.tape, self.backend
-        point = template.point(v, self.pool, only=self._wanted)  # type: ignore[arg-type]
+        point = template.point(v, self.pool, only=self._wanted, keys=False)  # type: ignore[arg-type]
         room, storage = self._room, self._storage
         if self._needs is not None:
             short = np.flatnonzero(self._needs.at(v) > self._room_of)
@@ -252,12 +258,13 @@ class LivePlan(Plan):
                 if nbytes > room[ref]:
                     raise Full(f"an input or output needs {nbytes} bytes of a {room[ref]}-byte buffer at {v}")
         sizes = self._sizes.at(v) if self._sizes is not None else None
-        for row, bound in self._bounds:
-            if sizes is not None and sizes[row] > bound:
+        if sizes is not None and self._bounds:
+            over = np.flatnonzero(sizes[self._bound_rows] > self._bound_max)
+            if over.size:
+                row, bound = self._bounds[over[0]]
                 raise Full(f"a kernel's grid covers {bound} invocations, {sizes[row]} needed at {v}")
-        for i in self._consts:
-            value = point.consts[i][1]
-            if value.size * storage(np.dtype(tape.entries[i].skeleton[0])) > room[Ref("const", i)]:
+        for i, item, size in self._const_rooms:
+            if point.consts[i][1].size * item > size:
                 raise Full(f"constant {i} does not fit at {v}")
         calls = self._calls
         for i in sorted(point.ask):  # questions first: a different answer leaves the plan as it was
@@ -266,7 +273,7 @@ class LivePlan(Plan):
             self._check_sizes(v, sizes)
         try:
             for i in self._consts:
-                self._write_const(be, calls.handles, i, point.consts[i][1], tape.entries[i].skeleton[0])
+                self._write_const(be, calls.handles, i, point.consts[i][1], self._const_dtypes[i])
             if sizes is not None:
                 for ranges, write in self._fast.values():
                     write([sizes[lo:hi] for lo, hi in ranges])

@@ -79,8 +79,9 @@ class Plan:
                 if t.view is None:  # a constant output
                     result[name] = DeviceArray.from_numpy(be, t.value)
                     continue
-                handle = be.alloc(max(t.size, 1) * be.storage_itemsize(t.dtype), overwritten=True)
-                post += be.record_copy(t.view.handle, handle, be.nbytes(handle))
+                nbytes = max(t.size, 1) * be.storage_itemsize(t.dtype)
+                handle = be.alloc(nbytes, overwritten=True)
+                post += be.record_copy(t.view.handle, handle, nbytes)
                 result[name] = DeviceArray(be, handle, t.dtype, t.shape)
         if keep_on_device:
             if self._resident is None:  # the steps alone, prepared once; this run's copies ride around them

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from . import parallel
+from . import native_rows, parallel, resizable
 from .steps import Step
 
 
@@ -39,6 +39,11 @@ def record_attention(qv: np.ndarray, kv: np.ndarray, vv: np.ndarray, mv: np.ndar
     split = (pool is not None and batch * heads * sq * skv * qv.shape[3] * 2 >= parallel.SPLIT_MACS
              and qv.shape[axis] >= pool.size)
 
+    if not split:  # a few query rows (a decode step's): the compiled kernel where it takes the case
+        fast = native_rows.attention_step(qv, kv, vv, mv, dst, scale, causal)
+        if fast is not None:
+            return [fast]
+
     def step() -> None:
         q, keys, values, m = qv, kv, vv, mv
         if qv.dtype == np.float16:  # float32 work, one rounding into dst
@@ -66,3 +71,19 @@ def record_attention(qv: np.ndarray, kv: np.ndarray, vv: np.ndarray, mv: np.ndar
         pool.run([part(lo, hi) for lo, hi in parallel.spans(qv.shape[axis], pool.size)])
 
     return [step]
+
+
+def direct(buffers: list[np.ndarray], ranks: list[int], masked: bool, scale: float,
+           causal: bool) -> resizable.Direct | None:
+    """A Resizable's direct hook for a float32 attention call (q, k, v, [mask], out: their buffers and ranks): the
+    compiled kernel reading each move's numbers itself; None where the library is not there."""
+    if not native_rows.available():
+        return None
+    launch = native_rows.AttentionViews(1 + sum(2 * r + 1 for r in ranks), ranks,
+                                        [(b.ctypes.data, b.nbytes) for b in buffers], masked, causal, scale,
+                                        tuple(buffers))
+
+    def move(numbers: np.ndarray | list[int]) -> list[Step] | None:
+        return [launch.step] if launch.move(numbers) else None  # else make's arrays (and their checks) decide
+
+    return move

@@ -8,6 +8,9 @@ numpy views, never Views.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import math
 import weakref
 from typing import Any
 
@@ -29,6 +32,7 @@ from . import (
     pooling,
     quant_matmul,
     reduce,
+    resizable,
     spectral,
     winograd,
 )
@@ -55,6 +59,12 @@ class CpuBackend(ComputeBackend):
         except MemoryError as e:
             raise OutOfMemoryError(f"cpu backend: cannot allocate {nbytes} bytes") from e
 
+    def _device_alloc_recycled(self, handle: int, nbytes: int) -> None:
+        try:
+            self._mem[handle] = np.empty(-(-nbytes // 8) * 8, np.uint8)  # overwritten whole: nothing to clear
+        except MemoryError as e:
+            raise OutOfMemoryError(f"cpu backend: cannot allocate {nbytes} bytes") from e
+
     def _device_free(self, handle: int) -> None:
         del self._mem[handle]
 
@@ -71,18 +81,42 @@ class CpuBackend(ComputeBackend):
         return np.dtype(dtype).itemsize
 
     def upload(self, handle: int, array: np.ndarray) -> None:
-        self._device_write(handle, 0, memoryview(np.ascontiguousarray(array)).cast("B"))
+        a = np.ascontiguousarray(array)
+        self._mem[handle][:a.nbytes] = a.reshape(-1).view(np.uint8)  # a size past the buffer's: ValueError
 
     def download(self, view: View) -> np.ndarray:
         return self.array(view).copy()
 
     def record_copy(self, src: int, dst: int, nbytes: int) -> list[Step]:
-        a, b = self._mem[src], self._mem[dst]
+        a, b = self._mem[src][:nbytes], self._mem[dst][:nbytes]
+        if a.shape != b.shape:
+            raise ValueError(f"record_copy: {nbytes} bytes do not fit allocations {src} ({self._mem[src].nbytes} "
+                             f"bytes) and {dst} ({self._mem[dst].nbytes})")
+        return [functools.partial(np.copyto, b, a)]
 
-        def step() -> None:
-            b[:nbytes] = a[:nbytes]
+    def prepare(self, steps: list) -> Any:
+        # Steps with no parallel program of their own (a decode's: tens of small kernels) run one after the other
+        # here, without execute's per-step look at them; the others through execute.
+        if any(hasattr(st, "program") or hasattr(st, "access") for st in steps):
+            return steps
+        return _Plain(steps)
 
-        return [step]
+    def execute_prepared(self, prepared: Any, before: list | tuple = (), after: list | tuple = ()) -> None:
+        if type(prepared) is not _Plain:
+            super().execute_prepared(prepared, before, after)
+            return
+        for st in (*before, *after):  # a run's own copies, as a rule: plain too
+            if hasattr(st, "program") or hasattr(st, "access"):
+                self.execute([*before, *prepared.steps, *after])
+                return
+        blas = parallel.one_blas_thread() if parallel.blas_pool() is not None else None
+        with blas if blas is not None else contextlib.nullcontext(), self._scratch.lock:  # as execute holds them
+            for step in before:
+                step()
+            for step in prepared.steps:
+                step()
+            for step in after:
+                step()
 
     def execute(self, steps: list) -> None:
         # Products run on the pool's threads, one OpenBLAS thread each (parallel.one_blas_thread): OpenBLAS's
@@ -114,22 +148,46 @@ class CpuBackend(ComputeBackend):
 
     def array(self, v: View) -> np.ndarray:
         """A numpy view (no copy) of a View."""
-        buf = self._mem[v.handle]
-        item = v.dtype.itemsize
-        need = v.extent() * item
-        lowest = v.offset + sum((d - 1) * st for d, st in zip(v.shape, v.strides, strict=True) if st < 0 and d > 0)
-        if need > buf.nbytes or lowest < 0:
-            raise ValueError(f"view {v.shape}/{v.strides}+{v.offset} reaches outside allocation {v.handle} "
-                             f"of {buf.nbytes} bytes")
-        usable = buf.nbytes // item * item
-        base = buf[:usable].view(v.dtype)
-        return as_strided(base[v.offset:], v.shape, [s * item for s in v.strides])
+        return self.strided(v.handle, v.dtype, v.shape, v.strides, v.offset)
+
+    def buffer(self, handle: int) -> np.ndarray:
+        """An allocation's memory (it stays where it is; a compiled kernel pointed into it keeps this)."""
+        return self._mem[handle]
+
+    def strided(self, handle: int, dtype: np.dtype, shape: tuple[int, ...], strides: tuple[int, ...],
+                offset: int) -> np.ndarray:
+        """A numpy view of allocation `handle` (shape, strides and offset in elements of dtype)."""
+        buf = self._mem[handle]
+        item = dtype.itemsize
+        try:
+            # ndarray over the buffer checks that every element it can reach lies inside it.
+            return np.ndarray(shape, dtype, buf, offset * item, tuple(s * item for s in strides))
+        except (ValueError, TypeError):
+            if math.prod(shape) == 0 and offset >= 0:  # no element to reach: any strides
+                return as_strided(buf[:0].view(dtype), shape, [0] * len(shape))
+            raise ValueError(f"view {shape}/{strides}+{offset} reaches outside allocation {handle} "
+                             f"of {buf.nbytes} bytes") from None
 
     def _array_or_none(self, v: View | None) -> np.ndarray | None:
         return self.array(v) if v is not None else None
 
     # ---- primitives: each a module of its own -----------------------------------------------------
-    def record_elementwise(self, expr: Expr, inputs: list[View], out: View) -> list[Step]:
+    # A live plan's moves re-record these from their Views' numbers (resizable.py), not from the tape.
+    RUNTIME_SIZES = resizable.METHODS
+
+    def probe_sizes(self, method: str, args: tuple, kwargs: dict) -> tuple | None:
+        return resizable.probe(method, args, kwargs)
+
+    def sizes_writer(self, steps: list, grids: list[tuple[int, int, int]]) -> tuple[list, Any]:
+        return resizable.sizes_writer(steps, grids)
+
+    def record_elementwise(self, expr: Expr, inputs: list[View], out: View, runtime_sizes: bool = False
+                           ) -> list[Step]:
+        if runtime_sizes:
+            direct = elementwise.direct_copy(expr, inputs, out, {v.handle: self.buffer(v.handle)
+                                                                 for v in (*inputs, out)})
+            return resizable.record(self.strided, [*inputs, out],
+                                    lambda a: elementwise.record_elementwise(expr, a[:-1], a[-1]), direct, self._mem)
         return elementwise.record_elementwise(expr, [self.array(v) for v in inputs], self.array(out))
 
     matmul_residual = True
@@ -188,13 +246,25 @@ class CpuBackend(ComputeBackend):
         return pooling.record_pool(kind, self.array(x), self.array(out), kernel, stride, pads, dilation,
                                    count_include_pad, p)
 
-    def record_gather(self, data: View, indices: View, axis: int, out: View) -> list[Step]:
+    def record_gather(self, data: View, indices: View, axis: int, out: View, runtime_sizes: bool = False
+                      ) -> list[Step]:
+        if runtime_sizes:
+            return resizable.record(self.strided, [data, indices, out],
+                                    lambda a: loops.record_gather(a[0], a[1], axis, a[2]), mem=self._mem)
         return loops.record_gather(self.array(data), self.array(indices), axis, self.array(out))
 
     def record_attention_views(self, q: View, k: View, v: View, mask: View | None, out: View, scale: float,
-                               causal: bool) -> list[Step]:
+                               causal: bool, runtime_sizes: bool = False) -> list[Step]:
         if q.dtype not in _FUSED_F16:
             _fused_float32(q, "attention")
+        if runtime_sizes:
+            masked = mask is not None
+            views = [q, k, v, mask, out]
+            return resizable.record(self.strided, views, lambda a: attention.record_attention(
+                a[0], a[1], a[2], a[3] if masked else None, a[-1], scale, causal),
+                attention.direct([self.buffer(x.handle) for x in views if x is not None],
+                                 [len(x.shape) for x in views if x is not None], masked, scale, causal)
+                if q.dtype == np.float32 else None, self._mem)
         return attention.record_attention(self.array(q), self.array(k), self.array(v), self._array_or_none(mask),
                                           self.array(out), scale, causal)
 
@@ -243,6 +313,15 @@ class CpuBackend(ComputeBackend):
 
     def record_scatter(self, out: View, offsets: View, updates: View, reduction: str) -> list[Step]:
         return loops.record_scatter(self.array(out), self.array(offsets), self.array(updates), reduction)
+
+
+class _Plain:
+    """Prepared steps that execute_prepared runs in order (prepare: none has a parallel program)."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: list) -> None:
+        self.steps = list(steps)
 
 
 # The fused calls' data input (keyword, position), whose dtype decides whether the call is taken.

@@ -8,13 +8,22 @@ import math
 
 import numpy as np
 
-from ...core.expr import Expr, call, eval_numpy, inp
+from ...core.expr import FLOAT, Expr, call, eval_numpy, inp
+from ...core.view import View
+from . import native_rows, resizable
 from .inplace import compile_inplace
 from .steps import Step
 
 
 def record_elementwise(expr: Expr, ins: list[np.ndarray], dst: np.ndarray) -> list[Step]:
     """dst = expr(ins): compiled to in-place ufunc calls where it is plain float arithmetic, else eval_numpy."""
+    if expr.op == "in":  # a copy (Concat's parts, a KV cache's): made on every move of a decode's live plan
+        src = ins[expr.value]
+        if src.dtype == dst.dtype and src.shape == dst.shape:
+            return [functools.partial(np.copyto, dst, src)]
+    one = _gelu(expr, ins, dst) or _single(expr, ins, dst)
+    if one is not None:
+        return [one]
     # The widest float of the inputs and the output: float16 data cast up into float32 work (a fused Cast) is
     # computed in float32, as the graph says, not in the input's float16.
     floats = [a.dtype for a in (*ins, dst) if a.dtype.kind == "f"]
@@ -36,6 +45,42 @@ def record_elementwise(expr: Expr, ins: list[np.ndarray], dst: np.ndarray) -> li
     return [step]
 
 
+_LOGIC = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}
+
+
+def _single(expr: Expr, ins: list[np.ndarray], dst: np.ndarray) -> Step | None:
+    """One ufunc call into dst for a lone bool op over inputs (a decode's mask chain: Cast to bool, And, Where
+    between two float constants), where it plainly gives what eval_numpy gives; else None."""
+    args = expr.args
+    if expr.op == "to_bool" and args[0].op == "in":
+        src = ins[args[0].value]
+        if dst.dtype == np.bool_ and src.dtype.kind in "biuf" and src.shape == dst.shape:
+            return functools.partial(np.not_equal, src, 0, out=dst)  # astype(bool): x != 0, NaN included
+    elif expr.op in _LOGIC and all(a.op == "in" for a in args):
+        a, b = ins[args[0].value], ins[args[1].value]
+        if dst.dtype == a.dtype == b.dtype == np.bool_ and a.shape == b.shape == dst.shape:
+            return functools.partial(_LOGIC[expr.op], a, b, out=dst)
+    elif (expr.op == "where" and args[0].op == "in" and args[1].op == args[2].op == "const"
+          and args[1].kind == args[2].kind == FLOAT and dst.dtype.kind == "f"):
+        cond = ins[args[0].value]
+        if cond.dtype == np.bool_ and cond.shape == dst.shape and not np.may_share_memory(cond, dst):
+            yes, no = np.asarray(args[1].value, dst.dtype), np.asarray(args[2].value, dst.dtype)
+
+            def where() -> None:
+                np.copyto(dst, no)
+                np.copyto(dst, yes, where=cond)
+
+            return where
+    return None
+
+
+def _gelu(expr: Expr, ins: list[np.ndarray], dst: np.ndarray) -> Step | None:
+    """The compiled GELU where expr is one (of an input) and the kernel takes the arrays; else None."""
+    if expr.op not in native_rows.GELU or expr.args[0].op != "in":
+        return None
+    return native_rows.gelu_step(expr.op, ins[expr.args[0].value], dst)
+
+
 def _substitute(e: Expr, by: Expr) -> Expr:
     """e with its input 0 replaced by `by`."""
     if e.op == "in":
@@ -54,7 +99,7 @@ def epilogue(act: Expr | None, dst: np.ndarray, res: np.ndarray | None = None) -
     if act is None:
         return None
     ins = [dst] if res is None else [dst, res]
-    fast = compile_inplace(act, ins, dst, clobber=0)
+    fast = compile_inplace(act, ins, dst, clobber=0) or _gelu(act, ins, dst)
     if fast is not None:
         return fast
 
@@ -95,3 +140,21 @@ def residual_pass(act: Expr | None, dst: np.ndarray, res: np.ndarray) -> tuple[S
     after = epilogue(act, dst, res)
     assert after is not None
     return before, after
+
+
+def direct_copy(expr: Expr, inputs: list[View], out: View, buffers: dict[int, np.ndarray]) -> resizable.Direct | None:
+    """A Resizable's direct hook for a plain copy of 4-byte elements (expr reads input 0 of the out's dtype: a KV
+    cache's Concat parts, made on every move of a decode's live plan): the compiled copy reading each move's
+    numbers; None for any other call or where the library is not there. buffers: each View's handle's memory."""
+    if (not native_rows.available() or expr.op != "in" or expr.value != 0 or len(inputs) != 1
+            or inputs[0].dtype != out.dtype or out.dtype.itemsize != 4 or len(out.shape) > 4):
+        return None
+    src = inputs[0]
+    mem = (buffers[src.handle], buffers[out.handle])
+    launch = native_rows.CopyViews(1 + (2 * len(src.shape) + 1) + (2 * len(out.shape) + 1),
+                                   [len(src.shape), len(out.shape)], [(b.ctypes.data, b.nbytes) for b in mem], mem)
+
+    def move(numbers: np.ndarray | list[int]) -> list[Step] | None:
+        return [launch.step] if launch.move(numbers) else None
+
+    return move

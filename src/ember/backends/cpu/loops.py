@@ -14,15 +14,29 @@ _SCATTER = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.mini
 def record_gather(dv: np.ndarray, iv: np.ndarray, axis: int, dst: np.ndarray) -> list[Step]:
     dim = dv.shape[axis]
 
-    def step() -> None:
+    def check() -> np.ndarray:
         idx = np.where(iv < 0, iv + dim, iv)
         if idx.size and (idx.min() < 0 or idx.max() >= dim):
             bad = iv[(idx < 0) | (idx >= dim)].ravel()[0]  # as fed, before negatives were wrapped
             raise ValueError(f"Gather: index {int(bad)} is out of range for an axis of size {dim} "
                              f"(valid: {-dim} ... {dim - 1})")
-        dst[...] = np.take(dv, idx, axis=axis)
+        return idx
 
-    return [step]
+    if (dst.shape != dv.shape[:axis] + iv.shape + dv.shape[axis + 1:] or dst.dtype != dv.dtype
+            or np.may_share_memory(dst, dv) or np.may_share_memory(dst, iv)):
+        def step() -> None:
+            dst[...] = np.take(dv, check(), axis=axis)
+
+        return [step]
+
+    def take() -> None:
+        try:  # numpy's take wraps negative indices as Gather does and raises for any out of range
+            dv.take(iv, axis=axis, out=dst)
+        except IndexError:
+            check()
+            raise
+
+    return [take]
 
 
 def record_scan(op: str, xv: np.ndarray, dst: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> list[Step]:

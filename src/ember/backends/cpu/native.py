@@ -27,7 +27,8 @@ _F32 = np.dtype(np.float32)
 _calls = [0]  # runs of gemm steps, for tests (increments from two threads may rarely merge)
 
 
-def _load() -> ctypes.CDLL | None:
+def library() -> ctypes.CDLL | None:
+    """The compiled library, where it was built and EMBER_NATIVE_GEMM leaves it on (whatever this CPU has)."""
     if not settings.NATIVE_GEMM.get():
         return None
     try:
@@ -36,7 +37,13 @@ def _load() -> ctypes.CDLL | None:
         return None
     if spec is None or not spec.origin or not spec.origin.endswith((".so", ".pyd", ".dylib")):
         return None
-    lib = ctypes.CDLL(spec.origin)
+    return ctypes.CDLL(spec.origin)
+
+
+def _load() -> ctypes.CDLL | None:
+    lib = library()
+    if lib is None:
+        return None
     try:
         _declare(lib)
     except AttributeError:  # a library built from an older _gemm.c (an install not rebuilt): numpy instead
