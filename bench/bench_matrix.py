@@ -47,13 +47,9 @@ def matmul_model(m: int, k: int, n: int, dtype: Any, b: np.ndarray) -> onnx.Mode
 
 
 def torch_ms(a: np.ndarray, b: np.ndarray, dtype: str, reps: int) -> float | None:
-    try:
-        import torch
-    except ImportError:
+    torch = harness.cuda_torch()
+    if torch is None:
         return None
-    if not torch.cuda.is_available():
-        return None
-    torch.backends.cuda.matmul.allow_tf32 = False
     ta = torch.from_numpy(a).to("cuda", getattr(torch, dtype))
     tb = torch.from_numpy(b).to("cuda", getattr(torch, dtype))
     for _ in range(3):

@@ -25,6 +25,8 @@ from ember.backends.wgpu.conv_shape import check_conv_shape
 from ember.backends.wgpu.runtime import MatrixConfig
 from ember.core.expr import call, inp
 
+from .test_conv2d import conv_ref
+
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 EPS16 = 2.0**-11  # f16's unit roundoff: the one rounding of an f16 output
 ACC_TOL = 1e-5  # f32 accumulation of exact f16 products, relative to sum |terms|: far below any indexing error
@@ -32,28 +34,6 @@ CFG8 = MatrixConfig("f16", "f32", 8, 8, 8)
 CFG16 = MatrixConfig("f16", "f32", 16, 16, 16)
 SMALL = StagedParams(2, 2, 1, 1, 32, False, 8)
 LABELS = {conv_sgmat.LABEL_NATIVE, conv_sgmat.LABEL_EMULATED}
-
-
-def conv_oracle(x: np.ndarray, w: np.ndarray, stride: tuple, pads: tuple, dilation: tuple,
-                groups: int) -> np.ndarray:
-    """A direct conv in float64 (NCHW; pads top, left, bottom, right)."""
-    x, w = x.astype(np.float64), w.astype(np.float64)
-    n, c, h, wd = x.shape
-    k, cg, r, s = w.shape
-    (sh, sw), (dh, dw) = stride, dilation
-    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    p = (xp.shape[2] - dh * (r - 1) - 1) // sh + 1
-    q = (xp.shape[3] - dw * (s - 1) - 1) // sw + 1
-    out = np.zeros((n, k, p, q))
-    kg = k // groups
-    for g in range(groups):
-        for i in range(r):
-            for j in range(s):
-                rows = slice(i * dh, i * dh + (p - 1) * sh + 1, sh)
-                cols = slice(j * dw, j * dw + (q - 1) * sw + 1, sw)
-                patch = xp[:, g * cg:(g + 1) * cg, rows, cols]
-                out[:, g * kg:(g + 1) * kg] += np.einsum("ncpq,kc->nkpq", patch, w[g * kg:(g + 1) * kg, :, i, j])
-    return out
 
 
 def _buffer(be: ember.ComputeBackend, values: np.ndarray) -> int:
@@ -71,8 +51,8 @@ def run_conv(be: ember.ComputeBackend, rng: np.random.Generator, xshape: tuple, 
     n, c = xshape[:2]
     x = rng.standard_normal(xshape).astype(np.float16)
     w = rng.standard_normal((k, c // groups, *rs)).astype(np.float16)
-    ref = conv_oracle(x, w, stride, pads, dilation, groups)
-    scale = conv_oracle(np.abs(x), np.abs(w), stride, pads, dilation, groups)
+    ref = conv_ref(x, w, None, stride, pads, dilation, groups)
+    scale = conv_ref(np.abs(x), np.abs(w), None, stride, pads, dilation, groups)
     tail = 4096
     # NaN before (the offset) and after x and w: a K-tail row or a pixel past the output that is not zeroed reads
     # one, and 0 * NaN would still poison the sum.

@@ -33,6 +33,7 @@ from . import matmul_sgmat_staged as staged
 from .conv_igemm import conv_epilogue
 from .conv_shape import ConvShape
 from .program import grid_1d
+from .sgmat_text import lane_preamble
 from .shader.bindings import Bindings
 from .shader.wgsl import PRELUDE, u32
 
@@ -294,18 +295,7 @@ def conv_sgmat_source(be: WgpuBackend, cs: ConvShape, ch: ConvSgmatChoice, x: Vi
     tiles = -(-sh.m // sh.bm) * tiles_n
     groups = cs.groups * tiles
     grid = grid_1d(groups)
-    if c.native:
-        enables = ("enable f16;\nenable subgroups;\nenable chromium_experimental_subgroup_matrix;\n"
-                   # The offsets derive from subgroup_id: subgroup-uniform, which the analysis cannot prove.
-                   "diagnostic(off, chromium_experimental.subgroup_matrix_uniformity);")
-        lane_args = (", @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32, "
-                     "@builtin(subgroup_invocation_id) lane: u32")
-        lanes = f"    // sg: this subgroup (0..{p.subgroups - 1}), lane: its invocation, lid: the workgroup's"
-    else:
-        enables = "enable f16;"
-        lane_args = ", @builtin(local_invocation_index) lid: u32"
-        lanes = (f"    let sg = lid / {u32(c.subgroup)};  // the virtual subgroup (0..{p.subgroups - 1})\n"
-                 f"    let lane = lid % {u32(c.subgroup)};")
+    enables, lane_args, lanes = lane_preamble(c.native, c.subgroup, p.subgroups, lid=True)
     ea, eb = p.elements(cfg, False)
     variant = "native" if c.native else f"emulated, virtual subgroups of {c.subgroup}"
     header = "\n".join([

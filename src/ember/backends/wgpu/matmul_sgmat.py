@@ -34,6 +34,7 @@ from ...core.view import View
 from . import matmul_sgmat_staged as staged
 from .program import grid_1d
 from .runtime import MatrixConfig
+from .sgmat_text import finish_lines, lane_preamble
 from .shader.bindings import Bindings
 from .shader.epilogue import Epilogue
 from .shader.wgsl import PRELUDE, u32
@@ -266,22 +267,7 @@ def _step(c: SgmatChoice, binds: Bindings, a: View, b: View) -> list[str]:
 
 
 def _finish(c: SgmatChoice, m: int, n: int) -> list[str]:
-    """Each accumulator through this subgroup's scratch tile to epi(), masked where the tile is past M or N."""
-    cfg, cmn = c.cfg, c.cfg.m * c.cfg.n
-    lines = [f"    let base = sg * {u32(cmn)};"]
-    for t, (i, j) in enumerate(_pairs(c)):
-        if t:
-            lines.append("    workgroupBarrier();  // the previous tile's reads of scratch are done")
-        if c.native:
-            lines.append(f"    subgroupMatrixStore(&scratch, base, acc_{i}_{j}, false, {u32(cfg.n)});")
-        else:
-            lines.append(f"    store_acc(lane, base, &acc_{i}_{j});")
-        lines += ["    workgroupBarrier();",
-                  f"    if (row_{i} < {u32(m)} && col_{j} < {u32(n)}) {{",
-                  f"        for (var e = lane; e < {u32(cmn)}; e += {u32(c.subgroup)}) {{",
-                  f"            epi(scratch[base + e], z, row_{i} + e / {u32(cfg.n)}, col_{j} + e % {u32(cfg.n)});",
-                  "        }", "    }"]
-    return lines
+    return finish_lines(c.native, c.cfg, c.subgroup, _pairs(c), m, n)
 
 
 def sgmat_source(be: WgpuBackend, a: View, b: View, out: View, ep: Epilogue, binds: Bindings,
@@ -295,17 +281,7 @@ def sgmat_source(be: WgpuBackend, a: View, b: View, out: View, ep: Epilogue, bin
     tiles = -(-m // bm) * tiles_n
     groups = nb * tiles
     grid = grid_1d(groups)
-    if c.native:
-        enables = ("enable f16;\nenable subgroups;\nenable chromium_experimental_subgroup_matrix;\n"
-                   # The offsets derive from subgroup_id: subgroup-uniform, which the analysis cannot prove.
-                   "diagnostic(off, chromium_experimental.subgroup_matrix_uniformity);")
-        lane_args = ", @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32"
-        lanes = "    // sg: this subgroup (0..3), lane: its invocation within it"
-    else:
-        enables = "enable f16;"
-        lane_args = ", @builtin(local_invocation_index) lid: u32"
-        lanes = (f"    let sg = lid / {u32(c.subgroup)};  // the virtual subgroup (0..3)\n"
-                 f"    let lane = lid % {u32(c.subgroup)};")
+    enables, lane_args, lanes = lane_preamble(c.native, c.subgroup, SUBGROUPS, lid=False)
     variant = "native" if c.native else f"emulated, virtual subgroups of {c.subgroup}"
     header = "\n".join([
         f"// ember subgroup-matrix matmul ({variant}): Z={nb} x (M={m} x K={k}) @ (K x N={n}); A strides {a.strides}, "

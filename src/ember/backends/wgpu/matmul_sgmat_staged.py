@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.view import View
 from .program import grid_1d
 from .runtime import MatrixConfig
+from .sgmat_text import finish_lines, lane_preamble
 from .shader.bindings import Binding, Bindings
 from .shader.epilogue import Epilogue
 from .shader.wgsl import PRELUDE, u32
@@ -400,23 +401,7 @@ def _main_loop(c: SgmatChoice, p: StagedParams, ops: tuple[_Operand, _Operand], 
 
 
 def _finish(c: SgmatChoice, p: StagedParams, m: int, n: int) -> list[str]:
-    """As the direct kernel's: each accumulator through this subgroup's scratch tile to epi(), masked where the
-    tile is past M or N."""
-    cfg, cmn = c.cfg, c.cfg.m * c.cfg.n
-    lines = [f"    let base = sg * {u32(cmn)};"]
-    for t, (i, j) in enumerate((i, j) for i in range(p.tm) for j in range(p.tn)):
-        if t:
-            lines.append("    workgroupBarrier();  // the previous tile's reads of scratch are done")
-        if c.native:
-            lines.append(f"    subgroupMatrixStore(&scratch, base, acc_{i}_{j}, false, {u32(cfg.n)});")
-        else:
-            lines.append(f"    store_acc(lane, base, &acc_{i}_{j});")
-        lines += ["    workgroupBarrier();",
-                  f"    if (row_{i} < {u32(m)} && col_{j} < {u32(n)}) {{",
-                  f"        for (var e = lane; e < {u32(cmn)}; e += {u32(c.subgroup)}) {{",
-                  f"            epi(scratch[base + e], z, row_{i} + e / {u32(cfg.n)}, col_{j} + e % {u32(cfg.n)});",
-                  "        }", "    }"]
-    return lines
+    return finish_lines(c.native, c.cfg, c.subgroup, [(i, j) for i in range(p.tm) for j in range(p.tn)], m, n)
 
 
 def staged_source(be: WgpuBackend, a: View, b: View, out: View, ep: Epilogue, binds: Bindings,
@@ -433,18 +418,7 @@ def staged_source(be: WgpuBackend, a: View, b: View, out: View, ep: Epilogue, bi
     groups = nb * tiles
     grid = grid_1d(groups)
     threads = p.subgroups * c.subgroup
-    if c.native:
-        enables = ("enable f16;\nenable subgroups;\nenable chromium_experimental_subgroup_matrix;\n"
-                   # The offsets derive from subgroup_id: subgroup-uniform, which the analysis cannot prove.
-                   "diagnostic(off, chromium_experimental.subgroup_matrix_uniformity);")
-        lane_args = (", @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32, "
-                     "@builtin(subgroup_invocation_id) lane: u32")
-        lanes = f"    // sg: this subgroup (0..{p.subgroups - 1}), lane: its invocation, lid: the workgroup's"
-    else:
-        enables = "enable f16;"
-        lane_args = ", @builtin(local_invocation_index) lid: u32"
-        lanes = (f"    let sg = lid / {u32(c.subgroup)};  // the virtual subgroup (0..{p.subgroups - 1})\n"
-                 f"    let lane = lid % {u32(c.subgroup)};")
+    enables, lane_args, lanes = lane_preamble(c.native, c.subgroup, p.subgroups, lid=True)
     ea, eb = p.elements(cfg, c.b_col_major)
     nbuf = 2 if p.double else 1
     variant = "native" if c.native else f"emulated, virtual subgroups of {c.subgroup}"

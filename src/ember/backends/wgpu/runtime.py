@@ -82,9 +82,6 @@ class Runtime:
         return ()
 
     # ---- waiting ----
-    def poll(self, device: Any, block: bool) -> None:
-        raise NotImplementedError
-
     def map_read(self, device: Any, buf: Any, size: int, spin_s: float) -> bytes:
         """The first `size` bytes of MAP_READ buffer `buf`, after all submitted work: mapped and waited for on this
         thread (wgpu-py's map_async waits through its poll thread: a hand-off per call). Spins `spin_s` seconds
