@@ -182,10 +182,12 @@ def _plan(be: Any, n: int, c: int, h: int, k: int, r: int, stride: int = 1, pad:
     return conv_sgmat.plan_conv_sgmat(be, cs, x, w, out, types)
 
 
-def test_native_planning() -> None:
+def test_native_planning(monkeypatch: pytest.MonkeyPatch) -> None:
     be = FakeDawn()
     with settings.override(matrix="auto"):
-        big = _plan(be, 8, 256, 14, 256, 3, pad=1)  # 256 x 1568 x 2304: above AUTO_MIN_VOLUME
+        assert _plan(be, 8, 256, 14, 256, 3, pad=1) is None  # auto takes no conv while AUTO_MIN_VOLUME is None
+        monkeypatch.setattr(conv_sgmat, "AUTO_MIN_VOLUME", 2**28)
+        big = _plan(be, 8, 256, 14, 256, 3, pad=1)  # 256 x 1568 x 2304: above the volume
         assert big is not None and big.c.native and big.label == conv_sgmat.LABEL_NATIVE and big.wide_a
         assert big.c.cfg == CFG16 and big.c.subgroup == 32 and big.p in conv_sgmat.CHOICES
         assert _plan(be, 1, 64, 14, 64, 3, pad=1) is None  # 64 x 196 x 576: below

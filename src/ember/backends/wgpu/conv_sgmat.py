@@ -14,7 +14,7 @@ or N*P*Q is not a multiple of the config's tile).
 
 plan_conv_sgmat decides: EMBER_MATRIX=emulate (the emulated variant: lavapipe CI tests the indexing), "on" with
 an f16 -> f32 config in be.matrix_configs (native), "auto" native only for convs of at least AUTO_MIN_VOLUME
-multiply-adds (a first guess, to be measured on the GPU); float16 x and w, f16 or f32 out; one group, or groups
+multiply-adds (None for now: it lost on the GPU); float16 x and w, f16 or f32 out; one group, or groups
 of at least one tile of output channels (depthwise stays on conv_depthwise.py).
 """
 
@@ -55,11 +55,11 @@ CHOICES: tuple[StagedParams, ...] = (
     StagedParams(2, 2, 2, 1, 32, False, 8),  # 64 x 32
     StagedParams(2, 2, 1, 1, 32, False, 8),  # 32 x 32
 )
-# "auto": M * N * K * groups multiply-adds at least this, native only. An unmeasured guess, to be replaced by the
-# crossover against the existing conv kernels measured on the GPU: 2^28 = 2.7e8 leaves ResNet-18 at batch 1 (the
-# stem and 3x3 convs 0.6e8 .. 1.2e8) on them and takes batch 8's (4.6e8 .. 9.4e8; the 1x1 downsamples stay). Winograd,
-# chosen before record_conv (select_conv), still takes the 3x3 stride-1 convs it wins by its cost model.
-AUTO_MIN_VOLUME = 2**28
+# "auto": M * N * K * groups multiply-adds at least this, native only; None: auto never takes it. Measured on the
+# GPU (BENCHMARKS.md, session 17) the kernel loses to the existing conv kernels at every ResNet-18 size, batch 1
+# and 8 (its im2col gather is scalar and it has no split K for the few-column convs), so auto leaves it until a
+# measured crossover exists; EMBER_MATRIX=on still takes it.
+AUTO_MIN_VOLUME: int | None = None
 LABEL_NATIVE = "conv.subgroup_matrix"
 LABEL_EMULATED = "conv.subgroup_matrix_emulated"
 
@@ -125,7 +125,7 @@ def plan_conv_sgmat(be: WgpuBackend | Any, cs: ConvShape, x: View, w: View, out:
     m, ncols, kk = cs.kg, cs.n * cs.p * cs.q, cs.cg * cs.r * cs.s
     if x.offset + x.size >= 2**31 or w.offset + w.size >= 2**31:  # the gather's offsets are i32
         return None
-    if mode == "auto" and m * ncols * kk * cs.groups < AUTO_MIN_VOLUME:
+    if mode == "auto" and (AUTO_MIN_VOLUME is None or m * ncols * kk * cs.groups < AUTO_MIN_VOLUME):
         return None
     subgroup, biggest = sgmat.EMULATED_SUBGROUP, None
     if native:
