@@ -276,7 +276,7 @@ def _linear(elem: int, w: np.ndarray, c: np.ndarray) -> object:
 
 def test_f16_onnx_model_matches_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
     """MatMul + Add in float16 under EMBER_MATRIX=emulate, against ONNX Runtime in float32 on the same (f16-exact)
-    values, as test_f16_kernels does: the difference is ember's one rounding to f16 plus summation order."""
+    values, as test_wgpu_f16_kernels does: the difference is ember's one rounding to f16 plus summation order."""
     rng = np.random.default_rng(7)
     w = (rng.standard_normal((48, 80)) * 0.25).astype(np.float16)
     c = rng.standard_normal(80).astype(np.float16)

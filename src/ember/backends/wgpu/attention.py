@@ -241,7 +241,12 @@ class _Sizes:
         return [f"var<private> r{i}_: i32;\nvar<private> r{i}_u: u32;" for i in range(len(self.values))]
 
     def prologue(self) -> str:
-        return "\n".join(f"    r{i}_ = sz[{i // 4}][{i % 4}]; r{i}_u = u32(r{i}_);" for i in range(len(self.values)))
+        # The private copies for the loaders, then lets of the same names for main itself: a private variable's
+        # value is non-uniform to WGSL's uniformity analysis (Tint rejects the barriers inside loops bounded by
+        # it), a uniform buffer's is uniform.
+        n = range(len(self.values))
+        return "\n".join([f"    r{i}_ = sz[{i // 4}][{i % 4}]; r{i}_u = u32(r{i}_);" for i in n]
+                         + [f"    let r{i}_ = sz[{i // 4}][{i % 4}]; let r{i}_u = u32(r{i}_);" for i in n])
 
 
 @kernel("record_attention_views")
