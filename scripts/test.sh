@@ -29,4 +29,5 @@ if ! dawn_sees_adapter; then
   echo "Dawn (wgpudawn) sees no Vulkan adapter: install Mesa >= 24's mesa-vulkan-drivers or a GPU driver" >&2
   exit 1
 fi
-EMBER_WEBGPU=dawn .venv/bin/python -m pytest -q -p no:cacheprovider tests/backend -k wgpu
+# With the decoders' decode loops: plans from templates run the runtime-sized kernels (Tint checks uniformity).
+EMBER_WEBGPU=dawn .venv/bin/python -m pytest -q -p no:cacheprovider tests/backend tests/models/test_decode.py -k wgpu
