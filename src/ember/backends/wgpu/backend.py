@@ -171,10 +171,10 @@ class WgpuBackend(ComputeBackend):
         buf.destroy()
 
     def _device_alloc_recycled(self, handle: int, nbytes: int) -> None:
-        size = encode.size_class(-(-nbytes // BUFFER_ALIGN) * BUFFER_ALIGN)
+        size = -(-nbytes // BUFFER_ALIGN) * BUFFER_ALIGN
         buf = self._spare.take(size)
         if buf is None:
-            self._device_alloc(handle, size)
+            self._device_alloc(handle, self._spare.size(size))
         else:
             self._bufs[handle] = buf
         self._recycled.add(handle)

@@ -10,6 +10,7 @@ except in `replay_checked_before` (a public op's replay, whose steps executed th
 
 from __future__ import annotations
 
+import bisect
 import sys
 import threading
 from typing import Any
@@ -192,39 +193,69 @@ def encode_copies(device: Any, copies: list[Copy] | tuple[Copy, ...]) -> Any:
 
 def size_class(nbytes: int) -> int:
     """The size a recycled buffer of `nbytes` is made with: rounded up to 1/8 of its power of two (at most 12.5 %
-    more), so that a tensor growing a little per run (a decode step's KV outputs, one position longer each step)
-    finds the buffer a run before freed. Idempotent: a class's size is its own class."""
+    more). Idempotent: a class's size is its own class."""
     step = max(1 << max(nbytes.bit_length() - 4, 0), 16)
     return -(-nbytes // step) * step
 
 
 class SpareBuffers:
     """Freed buffers kept for alloc(overwritten=True): a resident run's output copies (a decode step makes one per KV
-    tensor) reuse them, since creating a buffer costs more than the copy into it. Small ones only, up to `limit`
-    bytes in all; release() destroys them (an allocation that found no room does, before retrying)."""
+    tensor) reuse them, since creating a buffer costs more than the copy into it. Small ones only (an eighth of
+    `limit` each), up to `limit` bytes in all, the oldest destroyed first past it; release() destroys them all (an
+    allocation that found no room does, before retrying).
+
+    A tensor that grows a little per run (a decode step's KV outputs, one position longer each step) must fit a
+    buffer freed a few runs before: take() hands out the smallest kept buffer of at least the size and at most a
+    quarter more, and size() makes new ones with an eighth of headroom."""
 
     def __init__(self, limit: int = 64 << 20) -> None:
         self.limit = limit
         self.bytes = 0
         self._by_size: dict[int, list[Any]] = {}
+        self._sizes: list[int] = []  # the keys of _by_size with buffers, sorted
+        self._age: dict[int, Any] = {}  # id -> buffer, oldest first
+
+    def size(self, nbytes: int) -> int:
+        """The size to create a buffer of `nbytes` with, when take() found none."""
+        return size_class(nbytes + nbytes // 8) if nbytes <= self.limit // 8 else nbytes
 
     def keep(self, buf: Any) -> None:
-        if buf.size <= self.limit // 8 and self.bytes + buf.size <= self.limit:
-            self._by_size.setdefault(buf.size, []).append(buf)
-            self.bytes += buf.size
-        else:
+        size = buf.size
+        if size > self.limit // 8:
             buf.destroy()
-
-    def take(self, size: int) -> Any:
-        bufs = self._by_size.get(size)
+            return
+        while self.bytes + size > self.limit:
+            self._drop(next(iter(self._age.values()))).destroy()
+        bufs = self._by_size.setdefault(size, [])
         if not bufs:
+            bisect.insort(self._sizes, size)
+        bufs.append(buf)
+        self._age[id(buf)] = buf
+        self.bytes += size
+
+    def take(self, nbytes: int) -> Any:
+        i = bisect.bisect_left(self._sizes, nbytes)
+        if i == len(self._sizes) or self._sizes[i] > nbytes + nbytes // 4:
             return None
+        return self._drop(self._by_size[self._sizes[i]][-1])
+
+    def _drop(self, buf: Any) -> Any:
+        size = buf.size
+        bufs = self._by_size[size]
+        bufs.remove(buf)
+        if not bufs:
+            del self._by_size[size]
+            self._sizes.remove(size)
+        del self._age[id(buf)]
         self.bytes -= size
-        return bufs.pop()
+        return buf
 
     def release(self) -> None:
-        for bufs in self._by_size.values():
-            for buf in bufs:
-                buf.destroy()
+        for buf in self._age.values():
+            buf.destroy()
         self._by_size.clear()
+        self._sizes.clear()
+        self._age.clear()
         self.bytes = 0
+
+
