@@ -3,7 +3,7 @@ flat KV cache (tests/models/decoders.py), decoded greedily a token a step from a
 
     python bench/bench_decode.py [--models gpt2-124m,llama-1b] [--steps 32] [--past 32]
         [--engines ember-wgpu,ember-wgpu-f16,ember-cpu,torch,torch-f16,ort-cpu] [--json out.json] [--md out.md]
-        [--profile DIR]
+        [--profile DIR] [--kernels N]
 
 Columns per engine: ms per step over the loop (each step a new past length, as in a real decode; the median, and
 for ember the mean and the slowest step after the first four, which include a live plan's regrowth), tokens/s, and
@@ -43,6 +43,8 @@ MODELS = {
 
 
 PROFILE: Path | None = None  # --profile DIR
+KERNELS = 0  # --kernels N: the N slowest kernels of a step's replay (Model.profile) go into the notes
+NOTES: list[str] = []
 
 
 def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, past: int, steps: int) -> dict:
@@ -87,6 +89,12 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
     steady = times[4:] if steps > 8 else times[1:]
     step_ms = float(np.median(steady))
     gpu = model.gpu_time(last) if backend == "wgpu" else None
+    if KERNELS and backend == "wgpu":
+        rows = model.profile(last)
+        top = ", ".join(f"{label} {ms * 1e3:.0f}" for label, ms in rows[:KERNELS])
+        total = sum(ms for _, ms in rows)
+        NOTES.append(f"{cfg.arch} {precision} past {past + steps}: {len(rows)} kernels, {total:.3f} ms in all; "
+                     f"slowest (µs): {top}")
     info = model.cache_info()
     per_step = (pipelines[-1] - pipelines[4]) / max(steps - 5, 1) if steps > 8 else None
     mean_ms = float(np.mean(times[4:] if steps > 8 else times[1:]))  # with the live plans' regrowths
@@ -160,9 +168,10 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--md", type=Path)
     ap.add_argument("--profile", type=Path, help="write cProfile tables of 16 more ember steps into this folder")
+    ap.add_argument("--kernels", type=int, default=0, help="list the N slowest kernels of a step (GPU profile)")
     args = ap.parse_args()
-    global PROFILE
-    PROFILE = args.profile
+    global PROFILE, KERNELS
+    PROFILE, KERNELS = args.profile, args.kernels
     report = harness.Report("KV-cache decode, batch 1", args)
     for name in args.models.split(","):
         cfg = MODELS[name]
@@ -189,6 +198,8 @@ def main() -> None:
                 continue
             for column, value in res.items():
                 report.set(f"{name} {engine}", column, value)
+            report.notes += NOTES
+            NOTES.clear()
     report.finish()
 
 

@@ -136,6 +136,23 @@ STEP_BUDGET = {("gpt2", "wgpu"): 27, ("gpt2", "cpu"): 35, ("llama", "wgpu"): 35,
 
 @pytest.mark.parametrize("cfg", [GPT2, LLAMA, decoders.QWEN2], ids=["gpt2", "llama", "qwen2"])
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_f16_decode_step_adds_only_the_logits_cast(cfg: Decoder, exporter: str) -> None:
+    # precision="f16" keeps the float32 past KV as it comes (Concat and attention read either float), reads no
+    # data for Shape, and narrows a widened float16 value (the models' Cast to float32 around RMSNorm) back to
+    # itself: the step is the float32 one's kernels plus the logits' cast to the declared float32.
+    path = str(decoders.export(cfg, exporter))
+    feeds = {"input_ids": np.array([[1]], np.int64), "attention_mask": np.ones((1, 7), np.int64), **cfg.past(1, 6)}
+    m32, m16 = (ember.load_onnx(path, backend="wgpu", precision=p) for p in ("f32", "f16"))
+    n32, n16 = m32.plan_info(feeds)["steps"], m16.plan_info(feeds)["steps"]
+    assert n16 == n32 + 1, (n32, n16)
+    got, want = m16.run(feeds), m32.run(feeds)
+    for name in cfg.output_names():
+        assert got[name].dtype == np.float32, name
+        assert np.abs(got[name] - want[name]).max() <= 1e-2 * np.abs(want[name]).max(), name
+
+
+@pytest.mark.parametrize("cfg", [GPT2, LLAMA, decoders.QWEN2], ids=["gpt2", "llama", "qwen2"])
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_decode_step_kernels(backend_name: str, cfg: Decoder, exporter: str) -> None:
     model = ember.load_onnx(str(decoders.export(cfg, exporter)), backend=backend_name)
     feeds = {"input_ids": np.array([[1]], np.int64), "attention_mask": np.ones((1, 7), np.int64), **cfg.past(1, 6)}

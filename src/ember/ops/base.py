@@ -262,6 +262,12 @@ class Op:
     host_inputs: ClassVar[tuple[int, ...]] = ()
     # Every kernel this op records takes float16 storage (precision="f16"); else it runs on float32 copies.
     f16: ClassVar[bool] = False
+    # False: the op reads its inputs' shapes only (Shape, Size), so precision="f16" converts none of them.
+    reads_data: ClassVar[bool] = True
+    # Inputs (True: every one) the op reads as float16 or float32 alike (views, copies, the attention kernels):
+    # under precision="f16" a computed value there keeps its dtype, so a decoder's float32 past KV reaches its
+    # Concat and attention as it is rather than cast to float16 and its present back; constants still go f16.
+    any_float: ClassVar[bool | tuple[int, ...]] = ()
     # The op holds subgraphs (If, Loop): the planner calls run_scoped(ctx, inputs, plan_graph) instead of run,
     # plan_graph(graph, bound_inputs, keep=None) planning a subgraph in a scope that sees the enclosing values.
     scoped: ClassVar[bool] = False

@@ -14,6 +14,7 @@ from .base import Context, Op, Tensor, host_shape, register
 @register("Shape", 1)
 class Shape(Op):
     attrs = {"start": 0, "end": None}
+    reads_data = False
 
     def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
         return [ctx.const(np.array(x.shape[self.attr["start"]:self.attr["end"]], np.int64))]
@@ -21,6 +22,8 @@ class Shape(Op):
 
 @register("Size", 1)
 class Size(Op):
+    reads_data = False
+
     def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
         return [ctx.const(np.array(x.size, np.int64))]
 

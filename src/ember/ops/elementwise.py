@@ -326,6 +326,10 @@ def cast_expr(e: Expr, to: np.dtype) -> Expr:
 
 @register("Cast", 6)
 class Cast(Op):
+    # Under precision="f16" its input is not widened first: a float16 value cast to float32 is a lazy widening
+    # that the next float16 op narrows back to the value itself (planner._Precision.convert).
+    f16 = True
+    any_float = (0,)
     attrs = {"to": 1, "saturate": 1, "round_mode": "up"}
 
     def run(self, ctx: Context, x: Tensor) -> list[Tensor]:

@@ -46,6 +46,7 @@ def copy_into(ctx: Context, src: View, dst: View) -> None:
 @register("Reshape", 1)
 class Reshape(Op):
     f16 = True
+    any_float = (0,)
     host_inputs = (1,)
     attrs = {"shape": None, "allowzero": 0}
 
@@ -73,6 +74,7 @@ class Reshape(Op):
 @register("Flatten", 1)
 class Flatten(Op):
     f16 = True
+    any_float = (0,)
     attrs = {"axis": 1}
 
     def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
@@ -83,6 +85,7 @@ class Flatten(Op):
 
 class _Axes(Op):
     f16 = True
+    any_float = (0,)
     host_inputs = (1,)
     attrs = {"axes": None}
 
@@ -118,6 +121,7 @@ class Unsqueeze(_Axes):
 @register("Transpose", 1)
 class Transpose(Op):
     f16 = True
+    any_float = (0,)
     attrs = {"perm": None}
 
     def run(self, ctx: Context, x: Tensor) -> list[Tensor]:
@@ -130,6 +134,7 @@ class Transpose(Op):
 @register("Concat", 1)
 class Concat(Op):
     f16 = True
+    any_float = True
     attrs = {"axis": 1}
 
     def run(self, ctx: Context, *xs: Tensor) -> list[Tensor]:
@@ -141,12 +146,14 @@ class Concat(Op):
                 raise ValueError(f"{self.node.describe()}: shapes {[x.shape for x in xs]} differ off axis {axis}")
         shape = list(xs[0].shape)
         shape[axis] = sum(x.shape[axis] for x in xs)
+        # precision="f16" keeps float32 inputs (any_float): the widest float comes out, each part read as it is.
+        wide = max((x.dtype for x in xs), key=lambda d: d.itemsize)
         parts = [x for x in xs if x.size]
         total = math.prod(shape)
         skewed = total <= 1 << 16 or 8 * (total - max(p.size for p in parts)) <= total if parts else False
-        if len(parts) > 1 and ctx.backend.select_concat_kernel(len(parts), parts[0].dtype, skewed):
-            return [self._picked(ctx, parts, axis, tuple(shape))]
-        out = ctx.new(xs[0].dtype, shape)
+        if len(parts) > 1 and ctx.backend.select_concat_kernel(len(parts), wide, skewed):
+            return [self._picked(ctx, parts, axis, tuple(shape), wide)]
+        out = ctx.new(wide, shape)
         pos = 0
         for x in xs:
             if x.size:
@@ -156,8 +163,8 @@ class Concat(Op):
         return [out]
 
     @staticmethod
-    def _picked(ctx: Context, parts: list[Tensor], axis: int, shape: tuple[int, ...]) -> Tensor:
-        k = kind_of(parts[0].dtype)
+    def _picked(ctx: Context, parts: list[Tensor], axis: int, shape: tuple[int, ...], dtype: np.dtype) -> Tensor:
+        k = kind_of(dtype)
         c = [coord(i) for i in range(len(shape))]
         ends = list(itertools.accumulate(p.shape[axis] for p in parts))
 
@@ -169,7 +176,7 @@ class Concat(Op):
         expr = read(len(parts) - 1)
         for i in range(len(parts) - 2, -1, -1):
             expr = call("where", call("lt", c[axis], int_const(ends[i])), read(i), expr)
-        return kernel(ctx, expr, [ctx.view(p) for p in parts], parts[0].dtype, shape)
+        return kernel(ctx, expr, [ctx.view(p) for p in parts], dtype, shape)
 
 
 def slice_view(ctx: Context, x: Tensor, axis: int, start: int, stop: int, step: int = 1) -> Tensor:
@@ -191,6 +198,7 @@ def slice_view(ctx: Context, x: Tensor, axis: int, start: int, stop: int, step: 
 @register("Slice", 1)
 class Slice(Op):
     f16 = True
+    any_float = (0,)
     host_inputs = (1, 2, 3, 4)
     attrs = {"starts": None, "ends": None, "axes": None}
 
@@ -240,6 +248,7 @@ class Split(Op):
 @register("Expand", 8)
 class Expand(Op):
     f16 = True
+    any_float = (0,)
     host_inputs = (1,)
     def run(self, ctx: Context, x: Tensor, shape: Tensor) -> list[Tensor]:
         want = host_shape(self, shape)

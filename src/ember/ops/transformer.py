@@ -329,6 +329,7 @@ def expand_kv_heads(ctx: Context, k: Tensor, v: Tensor, hq: int) -> tuple[View, 
 class EmberAttention(Op):
     """softmax(scale * Q @ KT + mask) @ V, from the exported MatMul/Div/Add/Softmax/MatMul pattern (KT = Kᵀ)."""
     f16 = True
+    any_float = True  # the kernels take each operand's own float type
 
     attrs = {"scale": 1.0}
 

@@ -216,8 +216,15 @@ class _Precision:
         key = (id(t), dtype.str)
         if key in self.done:
             return self.done[key][1]
-        if t.lazy is not None and t.uses <= 1:
-            # Read by this node only: a lazy cast that fuses into the node's kernel (or t's own epilogue).
+        lz = t.lazy
+        if (lz is not None and lz.anchor is None and lz.expr.op == "in" and len(lz.inputs) == 1
+                and lz.inputs[0].dtype == dtype and t.shape == lz.inputs[0].shape):
+            # A float16 value widened (an op without f16 kernels, a model's own Cast to float32 around a norm)
+            # and narrowed again: the value itself, exactly, with no kernel.
+            return lz.inputs[0]
+        if t.uses <= 1 and not t.is_const:
+            # Read by this node only: a lazy cast that fuses into the node's kernel (or t's own epilogue; a graph
+            # input's, such as a decoder's past KV, into the Concat growing it).
             out = emit(self.ctx, op, inp(0, "float"), [t], dtype)
             out.uses = 1
             return out
@@ -241,13 +248,18 @@ class _Precision:
             if t.size:
                 self.ctx.record(self.ctx.backend.record_elementwise(inp(0, "float"), [self.ctx.view(t)], out.view))
         self.done[key] = (t, out)
+        self.done[(id(out), t.dtype.str)] = (out, t)  # converting the copy back gives the value itself
         return out
 
     def inputs(self, op: Any, ins: list[Tensor | None]) -> list[Tensor | None]:
         want = F16 if getattr(op, "f16", False) else F32
-        if want == F32 and not any(t is not None and t.dtype == F16 for t in ins):
+        if not op.reads_data or want == F32 and not any(t is not None and t.dtype == F16 for t in ins):
             return ins
-        host = set(getattr(op, "host_inputs", ()))
+        host = set(op.host_inputs)
+        if want == F16:
+            keep = op.any_float
+            host |= {i for i, t in enumerate(ins) if t is not None and not t.is_const
+                     and (keep is True or (keep and i in keep))}
         ins = [t if i in host else self.convert(op, t, want) for i, t in enumerate(ins)]
         if want == F32:
             self.ctx.count("f16.nodes_in_f32")
