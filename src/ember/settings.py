@@ -164,6 +164,9 @@ DIRECT_CONV = _declare("direct_conv", "EMBER_DIRECT_CONV", _flag, True, "bool",
 GEMV = _declare("gemv", "EMBER_GEMV", _flag, True, "bool",
                 "wgpu: products of at most 4 rows (a decode step's) through the matrix-vector kernel (off: the "
                 "tiled GEMM, to compare).")
+GEMV_GROUPS = _declare("gemv_groups", "EMBER_GEMV_GROUPS", _whole, 512, "workgroups",
+                       "wgpu: a matrix-vector product with fewer column workgroups splits K until it has about this "
+                       "many (0: never split, to compare).")
 WEBGPU = _declare("webgpu", "EMBER_WEBGPU", _choice("auto", "dawn", "wgpu-native"), "auto",
                   "auto | dawn | wgpu-native",
                   "wgpu: the WebGPU runtime (Dawn through wgpudawn, or wgpu-native through wgpu-py); auto: Dawn "

@@ -450,13 +450,15 @@ def test_gemm_errors(be: ember.ComputeBackend) -> None:
 
 
 # ---- the matrix-vector kernel (M <= 4: decode steps) ----------------------------------------------------------------
+@pytest.mark.parametrize("groups", [0, 512])
 @pytest.mark.parametrize("m", [1, 2, 4])
 @pytest.mark.parametrize("layout", ["rows", "cols"])
 @pytest.mark.parametrize("n, k", [(1, 1), (37, 300), (130, 2049)])
 def test_wgpu_gemv(wgpu_be: ember.ComputeBackend, rng: np.random.Generator, m: int, layout: str, n: int,
-                   k: int) -> None:
+                   k: int, groups: int) -> None:
     """B row-major (K, N) or transposed (a tied embedding as lm_head), batch 2 with a shared B, bias, residual and
-    an activation; ragged N and K (the tail loop, the last workgroup's idle columns)."""
+    an activation; ragged N and K (the tail loop, the last workgroup's idle columns); K whole (gemv_groups=0) and
+    split into partial sums (few columns), the last split a ragged one."""
     be, nb = wgpu_be, 2
     a = rng.standard_normal((nb, m, k)).astype(np.float32)
     b = rng.standard_normal((k, n) if layout == "rows" else (n, k)).astype(np.float32)
@@ -466,10 +468,18 @@ def test_wgpu_gemv(wgpu_be: ember.ComputeBackend, rng: np.random.Generator, m: i
     ho = poisoned(be, nb * m * n + 7)
     try:
         bv = View(hb, F32, (nb, k, n), (0, n, 1) if layout == "rows" else (0, 1, k))
-        steps = be.record_matmul(View.contiguous(ha, F32, a.shape), bv, View.contiguous(ho, F32, (nb, m, n)),
-                                 bias=View(hbias, F32, (nb, m, n), (0, 0, 1)), alpha=0.5, act=call("relu", inp(0)),
-                                 residual=View.contiguous(hr, F32, res.shape))
-        assert [s.label for s in steps] == [f"matmul_gemv.{layout if min(n, k) > 1 else 'rows'}"]
+        with ember.settings.override(gemv_groups=groups):
+            steps = be.record_matmul(View.contiguous(ha, F32, a.shape), bv, View.contiguous(ho, F32, (nb, m, n)),
+                                     bias=View(hbias, F32, (nb, m, n), (0, 0, 1)), alpha=0.5,
+                                     act=call("relu", inp(0)), residual=View.contiguous(hr, F32, res.shape))
+        kernel = f"matmul_gemv.{layout if min(n, k) > 1 else 'rows'}"
+        labels = [s.label for s in steps]
+        if groups == 0 or k == 1:
+            assert labels == [kernel]
+        else:  # 18 column workgroups at n = 130 split K = 2049 (ragged: 2049 is no multiple of a split)
+            assert len(labels) == 2 or k < 2049, labels
+            if len(labels) == 2:
+                assert labels[0].startswith(f"{kernel}:split") and labels[1] == "matmul_gemv:splitk_reduce"
         be.execute(steps)
         raw = download(be, ho, nb * m * n + 7)
     finally:

@@ -263,6 +263,15 @@ def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: in
     conds = ([f"m >= {u32(m)}"] if guard_m else []) + ([f"n >= {u32(n)}"] if guard_n else [])
     partial = Epilogue(f"(z * {u32(m)} + m) * {u32(n)} + n", guard=" || ".join(conds) or None)
     steps = GemmProblem(name, tile, m, n, k, z, la, lb, partial, binds, notes=notes, splits=splits).record(be)
+    return steps + record_splitk_reduce(be, name, scratch, splits, z, m, n, out_handle, make_epilogue, windows, types)
+
+
+def record_splitk_reduce(be: WgpuBackend, name: str, scratch: Any, splits: int, z: int, m: int, n: int,
+                         out_handle: Any, make_epilogue: EpilogueFactory, windows: dict[int, tuple[int, int]] | None,
+                         types: dict[Any, str] | None) -> list:
+    """The kernel adding `splits` partial sums part[s, z, m, n] (f32, s-major, in `scratch`) into out through the
+    epilogue: the second kernel of a split-K GEMM or GEMV."""
+    total = z * m * n
     rbinds = Bindings(out_handle, windows, types)
     rbinds.add(scratch, False)
     ep = make_epilogue(rbinds, False, False)
@@ -276,4 +285,4 @@ def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: in
                            EPILOGUE=ep.function(rbinds), WORKGROUP=REDUCE_WORKGROUP, TOTAL=u32(total), M=u32(m),
                            N=u32(n), SPLITS=u32(splits), PART=rbinds.var(scratch))
     label = f"{name}:splitk_reduce"
-    return steps + [be.dispatch(be.pipeline(label, src), rbinds.buffers(), grid, label)]
+    return [be.dispatch(be.pipeline(label, src), rbinds.buffers(), grid, label)]

@@ -200,14 +200,16 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
         return record_split(be, a, b, out, bias, alpha, beta, act, residual)
     if windows:
         a, b, out, bias, residual = (rebase_view(v, windows) for v in (a, b, out, bias, residual))
-    binds = Bindings(out.handle, windows, types)
     layout = gemv_layout(a, b, m) if not runtime_sizes and settings.GEMV.get() else None
     if layout is not None:
-        for v in (a, b, bias, residual):
-            if v is not None:
-                binds.add(v.handle, False)
-        ep = matmul_epilogue(out, bias, alpha, beta, act, m, n, False, False, residual)
-        return record_gemv(be, a, b, out, ep, binds, layout)
+        def gemv_epilogue(binds: Bindings, guard_m: bool, guard_n: bool) -> Epilogue:
+            for v in (bias, residual):
+                if v is not None:
+                    binds.add(v.handle, False)
+            return matmul_epilogue(out, bias, alpha, beta, act, m, n, guard_m, guard_n, residual)
+
+        return record_gemv(be, a, b, out, gemv_epilogue, layout, windows, types)
+    binds = Bindings(out.handle, windows, types)
     choice = plan_sgmat(be, a, b, out, types, runtime_sizes)  # f16 on the matrix units (matmul_sgmat.py)
     if choice is not None:
         for v in (a, b, bias, residual):

@@ -3,14 +3,19 @@
 The tiled GEMM computes a 64 x 64 tile of which one row is real when M = 1 and splits K over more workgroups
 with a reduce kernel after; a decode step is memory-bound, so this kernel reads each weight element once, with
 consecutive invocations on consecutive addresses (along n for row-major B, along k for a transposed one), and
-takes the usual epilogue.
+takes the usual epilogue. Few columns (N = 768: 48 workgroups) leave most of a big GPU idle while one workgroup
+walks all of K, so K is split until there are about settings.GEMV_GROUPS workgroups, the partial sums added by
+gemm.record_splitk_reduce.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
+from ... import settings
 from ...core.view import View
+from .gemm import EpilogueFactory, record_splitk_reduce
 from .program import grid_1d
 from .shader.bindings import Bindings
 from .shader.epilogue import Epilogue
@@ -36,30 +41,59 @@ def gemv_layout(a: View, b: View, m: int) -> str | None:
     return None
 
 
-def record_gemv(be: WgpuBackend, a: View, b: View, out: View, ep: Epilogue, binds: Bindings, layout: str) -> list:
+def gemv_splits(groups: int, k: int, lanes: int) -> tuple[int, int]:
+    """(K splits, K per split) giving `groups` column workgroups about settings.GEMV_GROUPS in all; every split keeps
+    at least two unrolled steps (4 k) per lane, and K per split is a whole number of them."""
+    target = settings.GEMV_GROUPS.get()
+    step = 4 * lanes
+    splits = min(-(-target // groups), k // (2 * step)) if target > groups else 1
+    if splits <= 1:
+        return 1, k
+    per = math.ceil(math.ceil(k / splits) / step) * step
+    return -(-k // per), per
+
+
+def record_gemv(be: WgpuBackend, a: View, b: View, out: View, make_epilogue: EpilogueFactory, layout: str,
+                windows: dict[int, tuple[int, int]] | None, types: dict[Any, str] | None) -> list:
+    """The GEMV kernel, plus the split-K reduce where K is split; `make_epilogue(binds, guard_m, guard_n)` adds the
+    bias and residual to the bindings it is given."""
     nb, m, k = a.shape
     n = b.shape[2]
     cols = ROWS_COLS if layout == "rows" else COLS_COLS
     lanes = 256 // cols
     col_groups = -(-n // cols)
-    groups = nb * col_groups
+    splits, per = gemv_splits(nb * col_groups, k, lanes)
+    groups = splits * nb * col_groups
+    scratch = be.scratch("split-K partial sums", splits * nb * m * n * 4) if splits > 1 else None
+    binds = Bindings(out.handle if scratch is None else scratch, windows, types)
+    binds.add(a.handle, False)
+    binds.add(b.handle, False)
+    if scratch is None:
+        ep = make_epilogue(binds, False, False)
+    else:  # partial sums stay f32
+        ep = Epilogue(f"(z * {u32(m)} + m) * {u32(n)} + n")
     if layout == "rows":  # consecutive invocations on consecutive columns
         col, lane = f"lid % {u32(cols)}", f"lid / {u32(cols)}"
     else:  # consecutive invocations on consecutive k of one column
         col, lane = f"lid / {u32(lanes)}", f"lid % {u32(lanes)}"
     grid = grid_1d(groups)
+    split = f"; K split {splits} ways ({per} each) into partial sums" if splits > 1 else ""
     header = "\n".join([
         f"// ember gemv ({layout}): Z={nb} x (M={m} x K={k}) @ (K x N={n}); A strides {a.strides}, B strides "
-        f"{b.strides}", "// Bindings (group 0):", *binds.comment(), f"// Dispatch grid: {grid}"])
+        f"{b.strides}{split}", "// Bindings (group 0):", *binds.comment(), f"// Dispatch grid: {grid}"])
     spec = dict(HEADER=header, PRELUDE=PRELUDE, BINDINGS="\n".join(binds.declarations()), EPILOGUE=ep.function(binds),
-                M=u32(m), N=u32(n), K=u32(k), COLS=u32(cols), LANES=u32(lanes), COL_GROUPS=u32(col_groups),
-                GROUPS=u32(groups), COL=col, LANE=lane, PARTIALS=m * 256)
+                M=u32(m), N=u32(n), K=u32(k), Z=u32(nb), COLS=u32(cols), LANES=u32(lanes), COL_GROUPS=u32(col_groups),
+                SPLITS=u32(splits), KC=u32(per), GROUPS=u32(groups), COL=col, LANE=lane, PARTIALS=m * 256,
+                EPI_Z="z" if scratch is None else "zs")
     for i, kk in enumerate(("k", "k1", "k2", "k3")):  # the loads at the four k of an unrolled step
         spec[f"LOAD_A_K{i}"] = binds.scalar(a.handle, addr(a.offset, [("z", a.strides[0]), ("m", a.strides[1]),
                                                                       (kk, a.strides[2])]))
         spec[f"LOAD_B_K{i}"] = binds.scalar(b.handle, addr(b.offset, [("z", b.strides[0]), (kk, b.strides[1]),
                                                                       ("n", b.strides[2])]))
     src = be.kernel_source("matmul_gemv", **spec)
-    label = f"matmul_gemv.{layout}"
-    return [be.dispatch(be.pipeline(label, src), binds.buffers(), grid, label)]
-
+    label = f"matmul_gemv.{layout}" + (f":split{splits}" if splits > 1 else "")
+    steps = [be.dispatch(be.pipeline(label, src), binds.buffers(), grid, label)]
+    if scratch is None:
+        return steps
+    return steps + record_splitk_reduce(be, "matmul_gemv", scratch, splits, nb, m, n, out.handle, make_epilogue,
+                                        windows, types)

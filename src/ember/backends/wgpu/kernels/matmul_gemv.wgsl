@@ -3,13 +3,16 @@
 // for all M rows, and consecutive invocations read consecutive addresses of B: along n where B's rows are
 // contiguous (`rows`: LANES invocations of a column split its K, COLS columns side by side), along k where its
 // columns are (`cols`: a column's LANES invocations read consecutive k). The LANES partial sums of a column meet
-// in a tree in workgroup memory; the first lane applies the epilogue (bias, residual, activation).
-// Placeholders: HEADER (bindings + grid comment), PRELUDE, BINDINGS, EPILOGUE (fn epi(acc, z, m, n)), M, N, K,
-// COLS, LANES, COL_GROUPS, GROUPS, COL (column within the workgroup, of lid), LANE (of lid), LOAD_A (of z, m, k),
-// LOAD_B (of z, k, n).
+// in a tree in workgroup memory; the first lane applies the epilogue (bias, residual, activation). Few columns
+// (N = 768 gives 48 workgroups) would leave most of the GPU idle: SPLITS > 1 splits K into chunks of KC, one
+// workgroup per chunk, and the epilogue stores partial sums part[s, z, m, n] (EPI_Z = s * Z + z) that
+// kernels/splitk_reduce.wgsl adds.
+// Placeholders: HEADER (bindings + grid comment), PRELUDE, BINDINGS, EPILOGUE (fn epi(acc, z, m, n)), M, N, K, Z,
+// COLS, LANES, COL_GROUPS, SPLITS, KC, GROUPS, COL (column within the workgroup, of lid), LANE (of lid), LOAD_A
+// (of z, m, k), LOAD_B (of z, k, n), EPI_Z (z, or zs when K is split).
 // Bindings (group 0): A, B, bias, residual read-only (one binding per distinct buffer), then out (read_write) last.
-// Grid: grid_1d(GROUPS) workgroups of 256 invocations, GROUPS = Z * COL_GROUPS; group g = wid.y * nwg.x + wid.x:
-// z = g / COL_GROUPS, columns (g % COL_GROUPS) * COLS ... + COLS - 1.
+// Grid: grid_1d(GROUPS) workgroups of 256 invocations, GROUPS = SPLITS * Z * COL_GROUPS; group g = wid.y * nwg.x +
+// wid.x: zs = g / COL_GROUPS = s * Z + z, columns (g % COL_GROUPS) * COLS ... + COLS - 1, k in [s * KC, s * KC + KC).
 ${HEADER}
 ${PRELUDE}
 ${BINDINGS}
@@ -22,15 +25,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) lid: u32) {
     let g = wid.y * nwg.x + wid.x;
     let live = g < ${GROUPS};  // no return before the barriers: every invocation reaches them
-    let z = select(0u, g / ${COL_GROUPS}, live);
+    let zs = select(0u, g / ${COL_GROUPS}, live);
+    let z = zs % ${Z};
+    let k_end = min(${K}, (zs / ${Z}) * ${KC} + ${KC});
     let col = ${COL};
     let lane = ${LANE};
     let n_raw = (g % ${COL_GROUPS}) * ${COLS} + col;
     let n = min(n_raw, ${N} - 1u);
     var acc: array<f32, ${M}>;
-    var k = lane;
+    var k = (zs / ${Z}) * ${KC} + lane;
     // Four independent loads in flight per invocation, then the tail.
-    for (; k + 3u * ${LANES} < ${K}; k += 4u * ${LANES}) {
+    for (; k + 3u * ${LANES} < k_end; k += 4u * ${LANES}) {
         let k1 = k + ${LANES};
         let k2 = k1 + ${LANES};
         let k3 = k2 + ${LANES};
@@ -42,7 +47,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             acc[m] += ${LOAD_A_K0} * b0 + ${LOAD_A_K1} * b1 + ${LOAD_A_K2} * b2 + ${LOAD_A_K3} * b3;
         }
     }
-    for (; k < ${K}; k += ${LANES}) {
+    for (; k < k_end; k += ${LANES}) {
         let b0 = ${LOAD_B_K0};
         for (var m = 0u; m < ${M}; m++) {
             acc[m] += ${LOAD_A_K0} * b0;
@@ -63,7 +68,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     if (live && lane == 0u && n_raw < ${N}) {
         for (var m = 0u; m < ${M}; m++) {
-            epi(partial[(m * ${COLS} + col) * ${LANES}], z, m, n);
+            epi(partial[(m * ${COLS} + col) * ${LANES}], ${EPI_Z}, m, n);
         }
     }
 }
