@@ -27,6 +27,9 @@ CASES = {
     "matmul_vec4": ([("MatMul", ["a", "b"], {})], {"a": (64, 96), "b": (96, 128)}, {}, 17),
     "matmul_odd_edges": ([("MatMul", ["a", "b"], {})], {"a": (33, 29), "b": (29, 17)}, {}, 17),
     "matmul_split_k": ([("MatMul", ["a", "b"], {})], {"a": (8, 4096), "b": (4096, 8)}, {}, 17),
+    "gemv_quads_split_k": ([("MatMul", ["a", "w"], {})], {"a": (1, 3072)}, {"w": (3072, 128)}, 17),
+    "gemv_rows": ([("Gemm", ["a", "w", "c"], {})], {"a": (3, 300)}, {"w": (300, 37), "c": (37,)}, 17),
+    "gemv_transposed": ([("Gemm", ["a", "w"], {"transB": 1})], {"a": (2, 520)}, {"w": (64, 520)}, 17),
     "matmul_batched": ([("MatMul", ["a", "b"], {})], {"a": (3, 20, 36), "b": (3, 36, 24)}, {}, 17),
     "gemm_transb_bias": ([("Gemm", ["a", "w", "c"], {"transB": 1, "alpha": 0.5})], {"a": (10, 48)},
                          {"w": (40, 48), "c": (40,)}, 17),
@@ -66,6 +69,9 @@ CASES = {
 # transformed filter U in f32, so F(4, 3) is held to the same bound as every other kernel).
 WINOGRAD = {"conv3x3_winograd_f2": 2, "conv3x3_winograd_f4": 4}
 MAX_TERM: dict[str, float] = {}
+# The matrix-vector kernel each GEMV case takes (f16 weights in quads, one element a load, transposed), K split.
+GEMV = {"gemv_quads_split_k": ("matmul_gemv.rows4", True), "gemv_rows": ("matmul_gemv.rows", True),
+        "gemv_transposed": ("matmul_gemv.cols", True)}
 
 
 def build(name: str, elem: int) -> tuple:
@@ -111,8 +117,18 @@ def check_f16_kernel(name: str) -> None:
     m32, _ = build(name, F32)
     ref = ort.InferenceSession(m32.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {k: v.astype(np.float32) for k, v in feeds.items()})[0].astype(np.float64)
-    model = ember.load_onnx(m16, backend="wgpu")
-    got = model.run(feeds)["out"]
+    recorded: list[str] = []
+    dispatch = be.dispatch
+    be.dispatch = lambda *a, **kw: (recorded.append(a[3]), dispatch(*a, **kw))[1]  # type: ignore[method-assign]
+    try:
+        model = ember.load_onnx(m16, backend="wgpu")
+        got = model.run(feeds)["out"]
+    finally:
+        del be.dispatch
+    if name in GEMV:
+        kernel, split = GEMV[name]
+        assert kernel in [r.split(":")[0] for r in recorded], recorded
+        assert ("matmul_gemv:splitk_reduce" in recorded) == split, recorded
     assert got.dtype == np.float16 and got.shape == ref.shape
     err = np.abs(got.astype(np.float64) - ref)
     if name in WINOGRAD:

@@ -6,17 +6,20 @@
 // in a tree in workgroup memory; the first lane applies the epilogue (bias, residual, activation). Few columns
 // (N = 768 gives 48 workgroups) would leave most of the GPU idle: SPLITS > 1 splits K into chunks of KC, one
 // workgroup per chunk, and the epilogue stores partial sums part[s, z, m, n] (EPI_Z = s * Z + z) that
-// kernels/splitk_reduce.wgsl adds.
+// kernels/splitk_reduce.wgsl adds. W = 4 (row-major B whose rows and N are whole quads): an invocation reads a
+// vec4 of 4 consecutive columns per k (VEC = vec4<f32> accumulators), a warp's load 16 quads wide.
 // Placeholders: HEADER (bindings + grid comment), PRELUDE, BINDINGS, EPILOGUE (fn epi(acc, z, m, n)), M, N, K, Z,
 // COLS, LANES, COL_GROUPS, SPLITS, KC, GROUPS, COL (column within the workgroup, of lid), LANE (of lid), LOAD_A
-// (of z, m, k), LOAD_B (of z, k, n), EPI_Z (z, or zs when K is split).
+// (of z, m, k), LOAD_B (of z, k, n or quad nq: a VEC), EPI_Z (z, or zs when K is split), W (columns an invocation
+// reads: 1 or 4), VEC (f32 or vec4<f32>), EPI_CALLS (epi of the partial sum v's W components).
 // Bindings (group 0): A, B, bias, residual read-only (one binding per distinct buffer), then out (read_write) last.
 // Grid: grid_1d(GROUPS) workgroups of 256 invocations, GROUPS = SPLITS * Z * COL_GROUPS; group g = wid.y * nwg.x +
-// wid.x: zs = g / COL_GROUPS = s * Z + z, columns (g % COL_GROUPS) * COLS ... + COLS - 1, k in [s * KC, s * KC + KC).
+// wid.x: zs = g / COL_GROUPS = s * Z + z, columns (g % COL_GROUPS) * COLS * W ... + COLS * W - 1, k in
+// [s * KC, s * KC + KC).
 ${HEADER}
 ${PRELUDE}
 ${BINDINGS}
-var<workgroup> partial: array<f32, ${PARTIALS}>;  // [m][col][lane]
+var<workgroup> partial: array<${VEC}, ${PARTIALS}>;  // [m][col][lane]
 
 ${EPILOGUE}
 
@@ -30,9 +33,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let k_end = min(${K}, (zs / ${Z}) * ${KC} + ${KC});
     let col = ${COL};
     let lane = ${LANE};
-    let n_raw = (g % ${COL_GROUPS}) * ${COLS} + col;
-    let n = min(n_raw, ${N} - 1u);
-    var acc: array<f32, ${M}>;
+    let n_raw = ((g % ${COL_GROUPS}) * ${COLS} + col) * ${W};
+    let n = min(n_raw, ${N} - ${W});
+    let nq = n / ${W};
+    var acc: array<${VEC}, ${M}>;
     var k = (zs / ${Z}) * ${KC} + lane;
     // Four independent loads in flight per invocation, then the tail.
     for (; k + 3u * ${LANES} < k_end; k += 4u * ${LANES}) {
@@ -68,7 +72,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     if (live && lane == 0u && n_raw < ${N}) {
         for (var m = 0u; m < ${M}; m++) {
-            epi(partial[(m * ${COLS} + col) * ${LANES}], ${EPI_Z}, m, n);
+            let v = partial[(m * ${COLS} + col) * ${LANES}];
+            ${EPI_CALLS}
         }
     }
 }
