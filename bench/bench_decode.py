@@ -8,12 +8,13 @@ flat KV cache (tests/models/decoders.py), decoded greedily a token a step from a
 Columns per engine: ms per step over the loop (each step a new past length, as in a real decode; the median, and
 for ember the mean and the slowest step after the first four, which include a live plan's regrowth), tokens/s, and
 for ember the ms of a step whose plan exists already (the same length run again: the replay alone, what a
-shape-polymorphic plan would cost per step), the GPU time of that replay (wgpu), the steps (kernels) a step
-records, the plans it built, and the growth of the process's RSS and of the backend's bytes from the fifth step to
-the last (the issue's memory target: flat over a 512-step decode, `--steps 512`, beyond the live plan's regrowths,
-which the bytes columns include). ember keeps the cache on the device (`keep_on_device=True`, presents fed back as
-pasts); torch runs the transformers model eagerly on CUDA with a DynamicCache; ort-cpu is ONNX Runtime's CPU
-provider on the same export.
+shape-polymorphic plan would cost per step), the GPU time of that replay (wgpu), the same replay with the next
+command buffer encoded after the wait (EMBER_ENCODE_AHEAD=0) and per run of 20 replays queued before one readback
+(the GPU's pace rather than a round trip's), the steps (kernels) a step records, the plans it built, and the
+growth of the process's RSS and of the backend's bytes from the fifth step to the last (the issue's memory target:
+flat over a 512-step decode, `--steps 512`, beyond the live plan's regrowths, which the bytes columns include).
+ember keeps the cache on the device (`keep_on_device=True`, presents fed back as pasts); torch runs the
+transformers model eagerly on CUDA with a DynamicCache; ort-cpu is ONNX Runtime's CPU provider on the same export.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ MODELS = {
 
 
 PROFILE: Path | None = None  # --profile DIR
+BACK_TO_BACK = 20  # replays queued before one readback (the "queued" column)
 KERNELS = 0  # --kernels N: the N slowest kernels of a step's replay (Model.profile) go into the notes
 NOTES: list[str] = []
 
@@ -85,6 +87,16 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
             pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(40)
             pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(25)
     replay = harness.measure(lambda: model.run(last, keep_on_device=True)["logits"].numpy(), repeat=20, warmup=2)
+    with ember.settings.override(encode_ahead=False):  # the next command buffer encoded after the wait instead
+        no_ahead = harness.measure(lambda: model.run(last, keep_on_device=True)["logits"].numpy(), repeat=20,
+                                   warmup=2)
+
+    def back_to_back() -> None:  # runs queued without a readback between: the GPU's pace, not the round trip's
+        for _ in range(BACK_TO_BACK - 1):
+            model.run(last, keep_on_device=True)
+        model.run(last, keep_on_device=True)["logits"].numpy()
+
+    queued = harness.measure(back_to_back, repeat=5, warmup=1)
     # The first steps plan (three past lengths fit and verify a template); the rest are made from it.
     steady = times[4:] if steps > 8 else times[1:]
     step_ms = float(np.median(steady))
@@ -100,7 +112,9 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
     mean_ms = float(np.mean(times[4:] if steps > 8 else times[1:]))  # with the live plans' regrowths
     return {"ms/step": step_ms, "tok/s": 1e3 / step_ms, "mean ms/step": mean_ms, "max ms": max(times[4:] or times),
             "first 4 steps ms": [round(t, 1) for t in times[:4]],
-            "replay ms": replay.median, **({"replay GPU ms": gpu} if gpu is not None else {}),
+            "replay ms": replay.median, "replay ms, no encode-ahead": no_ahead.median,
+            f"ms/run, {BACK_TO_BACK} queued": queued.median / BACK_TO_BACK,
+            **({"replay GPU ms": gpu} if gpu is not None else {}),
             "kernels/step": model.plan_info(last)["steps"], "builds": info["builds"],
             "from template": info["from_template"],
             **({"RSS +MB": mem[-1][0] - mem[0][0], "RSS MB": mem[-1][0],
