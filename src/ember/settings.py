@@ -168,8 +168,8 @@ GEMV_GROUPS = _declare("gemv_groups", "EMBER_GEMV_GROUPS", _whole, 512, "workgro
                        "wgpu: a matrix-vector product with fewer column workgroups splits K until it has about this "
                        "many (0: never split, to compare).")
 GEMV_VEC4 = _declare("gemv_vec4", "EMBER_GEMV_VEC4", _flag, True, "bool",
-                     "wgpu: the matrix-vector kernel reads a row-major weight in quads of 4 columns where they line "
-                     "up (off: one element a load, to compare).")
+                     "wgpu: the matrix-vector kernel reads a weight in quads where they line up: 4 columns of a "
+                     "row-major one, 4 k of a transposed one (off: one element a load, to compare).")
 WEBGPU = _declare("webgpu", "EMBER_WEBGPU", _choice("auto", "dawn", "wgpu-native"), "auto",
                   "auto | dawn | wgpu-native",
                   "wgpu: the WebGPU runtime (Dawn through wgpudawn, or wgpu-native through wgpu-py); auto: Dawn "

@@ -69,9 +69,10 @@ CASES = {
 # transformed filter U in f32, so F(4, 3) is held to the same bound as every other kernel).
 WINOGRAD = {"conv3x3_winograd_f2": 2, "conv3x3_winograd_f4": 4}
 MAX_TERM: dict[str, float] = {}
-# The matrix-vector kernel each GEMV case takes (f16 weights in quads, one element a load, transposed), K split.
+# The matrix-vector kernel each GEMV case takes (f16 weights in quads, one element a load, transposed in quads of
+# k) and whether it splits K.
 GEMV = {"gemv_quads_split_k": ("matmul_gemv.rows4", True), "gemv_rows": ("matmul_gemv.rows", True),
-        "gemv_transposed": ("matmul_gemv.cols", True)}
+        "gemv_transposed": ("matmul_gemv.cols4", False)}
 
 
 def build(name: str, elem: int) -> tuple:

@@ -61,16 +61,20 @@ def record_gemv(be: WgpuBackend, a: View, b: View, out: View, make_epilogue: Epi
     n = b.shape[2]
     cols = ROWS_COLS if layout == "rows" else COLS_COLS
     lanes = 256 // cols
-    # Quads of B: rows and N whole quads, m <= 2 (the vec4 partial sums of M = 4 would fill 16 KiB).
-    w = 4 if layout == "rows" and m <= 2 and all(x % 4 == 0 for x in (n, b.offset, b.strides[0], b.strides[1])) \
-        and settings.GEMV_VEC4.get() else 1
+    # Quads of B, m <= 2 (the vec4 partial sums of M = 4 would fill 16 KiB): 4 columns per load where B's rows and
+    # N are whole quads (w = 4), or 4 consecutive k of a column where its columns and K are (kq: the loop counts
+    # quads of k, the vec4 accumulators' components added at the end).
+    quads = m <= 2 and settings.GEMV_VEC4.get() and b.offset % 4 == 0 and b.strides[0] % 4 == 0
+    w = 4 if quads and layout == "rows" and n % 4 == 0 and b.strides[1] % 4 == 0 else 1
+    kq = quads and layout == "cols" and k % 4 == 0 and b.strides[2] % 4 == 0
+    kk_len = k // 4 if kq else k
     col_groups = -(-n // (cols * w))
-    splits, per = gemv_splits(nb * col_groups, k, lanes)
+    splits, per = gemv_splits(nb * col_groups, kk_len, lanes)
     groups = splits * nb * col_groups
     scratch = be.scratch("split-K partial sums", splits * nb * m * n * 4) if splits > 1 else None
     binds = Bindings(out.handle if scratch is None else scratch, windows, types)
     binds.add(a.handle, False)
-    binds.add(b.handle, w == 4)
+    binds.add(b.handle, w == 4 or kq)
     if scratch is None:
         ep = make_epilogue(binds, False, False)
     else:  # partial sums stay f32
@@ -81,20 +85,29 @@ def record_gemv(be: WgpuBackend, a: View, b: View, out: View, make_epilogue: Epi
         col, lane = f"lid / {u32(lanes)}", f"lid % {u32(lanes)}"
     grid = grid_1d(groups)
     split = f"; K split {splits} ways ({per} each) into partial sums" if splits > 1 else ""
-    split += "; B read in quads" if w == 4 else ""
+    split += "; B read in quads" + (" of k (the loop counts quads)" if kq else "") if w == 4 or kq else ""
     header = "\n".join([
         f"// ember gemv ({layout}): Z={nb} x (M={m} x K={k}) @ (K x N={n}); A strides {a.strides}, B strides "
         f"{b.strides}{split}", "// Bindings (group 0):", *binds.comment(), f"// Dispatch grid: {grid}"])
     spec = dict(HEADER=header, PRELUDE=PRELUDE, BINDINGS="\n".join(binds.declarations()), EPILOGUE=ep.function(binds),
-                M=u32(m), N=u32(n), K=u32(k), Z=u32(nb), COLS=u32(cols), LANES=u32(lanes), COL_GROUPS=u32(col_groups),
-                SPLITS=u32(splits), KC=u32(per), GROUPS=u32(groups), COL=col, LANE=lane, PARTIALS=m * 256,
-                EPI_Z="z" if scratch is None else "zs", W=u32(w), VEC="f32" if w == 1 else "vec4<f32>")
+                M=u32(m), N=u32(n), K=u32(kk_len), Z=u32(nb), COLS=u32(cols), LANES=u32(lanes),
+                COL_GROUPS=u32(col_groups), SPLITS=u32(splits), KC=u32(per), GROUPS=u32(groups), COL=col, LANE=lane,
+                PARTIALS=m * 256,
+                EPI_Z="z" if scratch is None else "zs", W=u32(w), VEC="vec4<f32>" if w == 4 or kq else "f32")
     ez = spec["EPI_Z"]
-    spec["EPI_CALLS"] = f"epi(v, {ez}, m, n);" if w == 1 else " ".join(
-        f"epi(v.{c}, {ez}, m, n + {j}u);" for j, c in enumerate("xyzw"))
+    spec["EPI_CALLS"] = (" ".join(f"epi(v.{c}, {ez}, m, n + {j}u);" for j, c in enumerate("xyzw")) if w == 4 else
+                         f"epi(v.x + v.y + v.z + v.w, {ez}, m, n);" if kq else f"epi(v, {ez}, m, n);")
     for i, kk in enumerate(("k", "k1", "k2", "k3")):  # the loads at the four k of an unrolled step
-        spec[f"LOAD_A_K{i}"] = binds.scalar(a.handle, addr(a.offset, [("z", a.strides[0]), ("m", a.strides[1]),
-                                                                      (kk, a.strides[2])]))
+        def load_a(index: str) -> str:
+            return binds.scalar(a.handle, addr(a.offset, [("z", a.strides[0]), ("m", a.strides[1]),
+                                                          (index, a.strides[2])]))
+
+        if kq:  # A's four k of quad kk beside B's quad
+            spec[f"LOAD_A_K{i}"] = "vec4<f32>({})".format(", ".join(load_a(f"(4u * {kk} + {j}u)") for j in range(4)))
+            spec[f"LOAD_B_K{i}"] = binds.quad(b.handle, addr(b.offset // 4, [("z", b.strides[0] // 4), (kk, 1),
+                                                                             ("n", b.strides[2] // 4)]))
+            continue
+        spec[f"LOAD_A_K{i}"] = load_a(kk)
         if w == 1:
             spec[f"LOAD_B_K{i}"] = binds.scalar(b.handle, addr(b.offset, [("z", b.strides[0]), (kk, b.strides[1]),
                                                                           ("n", b.strides[2])]))
@@ -102,7 +115,7 @@ def record_gemv(be: WgpuBackend, a: View, b: View, out: View, make_epilogue: Epi
             spec[f"LOAD_B_K{i}"] = binds.quad(b.handle, addr(b.offset // 4, [("z", b.strides[0] // 4),
                                                                              (kk, b.strides[1] // 4), ("nq", 1)]))
     src = be.kernel_source("matmul_gemv", **spec)
-    label = f"matmul_gemv.{layout}" + ("4" if w == 4 else "") + (f":split{splits}" if splits > 1 else "")
+    label = f"matmul_gemv.{layout}" + ("4" if w == 4 or kq else "") + (f":split{splits}" if splits > 1 else "")
     steps = [be.dispatch(be.pipeline(label, src), binds.buffers(), grid, label)]
     if scratch is None:
         return steps

@@ -7,7 +7,9 @@
 // (N = 768 gives 48 workgroups) would leave most of the GPU idle: SPLITS > 1 splits K into chunks of KC, one
 // workgroup per chunk, and the epilogue stores partial sums part[s, z, m, n] (EPI_Z = s * Z + z) that
 // kernels/splitk_reduce.wgsl adds. W = 4 (row-major B whose rows and N are whole quads): an invocation reads a
-// vec4 of 4 consecutive columns per k (VEC = vec4<f32> accumulators), a warp's load 16 quads wide.
+// vec4 of 4 consecutive columns per k (VEC = vec4<f32> accumulators), a warp's load 16 quads wide. A transposed B
+// whose columns and K are whole quads: K, KC and k count quads of k, LOAD_A is a vec4 of A's 4 k, VEC = vec4<f32>
+// with W = 1, and EPI_CALLS adds the 4 components.
 // Placeholders: HEADER (bindings + grid comment), PRELUDE, BINDINGS, EPILOGUE (fn epi(acc, z, m, n)), M, N, K, Z,
 // COLS, LANES, COL_GROUPS, SPLITS, KC, GROUPS, COL (column within the workgroup, of lid), LANE (of lid), LOAD_A
 // (of z, m, k), LOAD_B (of z, k, n or quad nq: a VEC), EPI_Z (z, or zs when K is split), W (columns an invocation
