@@ -260,10 +260,16 @@ def record_gemm_kernel(be: WgpuBackend, name: str, m: int, n: int, k: int, z: in
     scratch = be.scratch("split-K partial sums", splits * total * 4)
     binds = Bindings(scratch, windows, types)  # partial sums stay f32
     la, lb = make_a(binds, tile), make_b(binds, tile)
-    conds = ([f"m >= {u32(m)}"] if guard_m else []) + ([f"n >= {u32(n)}"] if guard_n else [])
-    partial = Epilogue(f"(z * {u32(m)} + m) * {u32(n)} + n", guard=" || ".join(conds) or None)
+    partial = partial_epilogue(m, n, guard_m, guard_n)
     steps = GemmProblem(name, tile, m, n, k, z, la, lb, partial, binds, notes=notes, splits=splits).record(be)
     return steps + record_splitk_reduce(be, name, scratch, splits, z, m, n, out_handle, make_epilogue, windows, types)
+
+
+def partial_epilogue(m: int, n: int, guard_m: bool = False, guard_n: bool = False) -> Epilogue:
+    """The first kernel's epilogue under a K split: part[zs, m, n] (zs = s * Z + z, f32), what
+    record_splitk_reduce adds."""
+    conds = ([f"m >= {u32(m)}"] if guard_m else []) + ([f"n >= {u32(n)}"] if guard_n else [])
+    return Epilogue(f"(z * {u32(m)} + m) * {u32(n)} + n", guard=" || ".join(conds) or None)
 
 
 def record_splitk_reduce(be: WgpuBackend, name: str, scratch: Any, splits: int, z: int, m: int, n: int,

@@ -200,15 +200,15 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
         return record_split(be, a, b, out, bias, alpha, beta, act, residual)
     if windows:
         a, b, out, bias, residual = (rebase_view(v, windows) for v in (a, b, out, bias, residual))
+    def make_epilogue(binds: Bindings, guard_m: bool, guard_n: bool) -> Epilogue:
+        for v in (bias, residual):
+            if v is not None:
+                binds.add(v.handle, False)
+        return matmul_epilogue(out, bias, alpha, beta, act, m, n, guard_m, guard_n, residual)
+
     layout = gemv_layout(a, b, m) if not runtime_sizes and settings.GEMV.get() else None
     if layout is not None:
-        def gemv_epilogue(binds: Bindings, guard_m: bool, guard_n: bool) -> Epilogue:
-            for v in (bias, residual):
-                if v is not None:
-                    binds.add(v.handle, False)
-            return matmul_epilogue(out, bias, alpha, beta, act, m, n, guard_m, guard_n, residual)
-
-        return record_gemv(be, a, b, out, gemv_epilogue, layout, windows, types)
+        return record_gemv(be, a, b, out, make_epilogue, layout, windows, types)
     binds = Bindings(out.handle, windows, types)
     choice = plan_sgmat(be, a, b, out, types, runtime_sizes)  # f16 on the matrix units (matmul_sgmat.py)
     if choice is not None:
@@ -235,12 +235,6 @@ def record_matmul(be: WgpuBackend, a: View, b: View, out: View, *, alpha: float 
     def make_b(binds: Bindings, tile: Tile) -> Loader:
         return strided_loader("b", tile.bn, binds, b.handle, b.offset, b.strides[0], b.strides[2], b.strides[1], n, k,
                               nb)
-
-    def make_epilogue(binds: Bindings, guard_m: bool, guard_n: bool) -> Epilogue:
-        for v in (bias, residual):
-            if v is not None:
-                binds.add(v.handle, False)
-        return matmul_epilogue(out, bias, alpha, beta, act, m, n, guard_m, guard_n, residual)
 
     rt = None
     if runtime_sizes and not windows:  # a window's byte range moves with the views, and no uniform holds it

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from ... import settings
 from ...core.view import View
-from .gemm import EpilogueFactory, record_splitk_reduce
+from .gemm import EpilogueFactory, partial_epilogue, record_splitk_reduce
 from .program import grid_1d
 from .shader.bindings import Bindings
-from .shader.epilogue import Epilogue
 from .shader.lifted import addr, u32
 from .shader.wgsl import PRELUDE
 
@@ -67,6 +66,7 @@ def record_gemv(be: WgpuBackend, a: View, b: View, out: View, make_epilogue: Epi
     quads = m <= 2 and settings.GEMV_VEC4.get() and b.offset % 4 == 0 and b.strides[0] % 4 == 0
     w = 4 if quads and layout == "rows" and n % 4 == 0 and b.strides[1] % 4 == 0 else 1
     kq = quads and layout == "cols" and k % 4 == 0 and b.strides[2] % 4 == 0
+    vec = w == 4 or kq
     kk_len = k // 4 if kq else k
     col_groups = -(-n // (cols * w))
     splits, per = gemv_splits(nb * col_groups, kk_len, lanes)
@@ -74,18 +74,15 @@ def record_gemv(be: WgpuBackend, a: View, b: View, out: View, make_epilogue: Epi
     scratch = be.scratch("split-K partial sums", splits * nb * m * n * 4) if splits > 1 else None
     binds = Bindings(out.handle if scratch is None else scratch, windows, types)
     binds.add(a.handle, False)
-    binds.add(b.handle, w == 4 or kq)
-    if scratch is None:
-        ep = make_epilogue(binds, False, False)
-    else:  # partial sums stay f32
-        ep = Epilogue(f"(z * {u32(m)} + m) * {u32(n)} + n")
+    binds.add(b.handle, vec)
+    ep = make_epilogue(binds, False, False) if scratch is None else partial_epilogue(m, n)
     if layout == "rows":  # consecutive invocations on consecutive columns
         col, lane = f"lid % {u32(cols)}", f"lid / {u32(cols)}"
     else:  # consecutive invocations on consecutive k of one column
         col, lane = f"lid / {u32(lanes)}", f"lid % {u32(lanes)}"
     grid = grid_1d(groups)
     split = f"; K split {splits} ways ({per} each) into partial sums" if splits > 1 else ""
-    split += "; B read in quads" + (" of k (the loop counts quads)" if kq else "") if w == 4 or kq else ""
+    split += "; B read in quads" + (" of k (the loop counts quads)" if kq else "") if vec else ""
     header = "\n".join([
         f"// ember gemv ({layout}): Z={nb} x (M={m} x K={k}) @ (K x N={n}); A strides {a.strides}, B strides "
         f"{b.strides}{split}", "// Bindings (group 0):", *binds.comment(), f"// Dispatch grid: {grid}"])
@@ -93,29 +90,28 @@ def record_gemv(be: WgpuBackend, a: View, b: View, out: View, make_epilogue: Epi
                 M=u32(m), N=u32(n), K=u32(kk_len), Z=u32(nb), COLS=u32(cols), LANES=u32(lanes),
                 COL_GROUPS=u32(col_groups), SPLITS=u32(splits), KC=u32(per), GROUPS=u32(groups), COL=col, LANE=lane,
                 PARTIALS=m * 256,
-                EPI_Z="z" if scratch is None else "zs", W=u32(w), VEC="vec4<f32>" if w == 4 or kq else "f32")
+                EPI_Z="z" if scratch is None else "zs", W=u32(w), VEC="vec4<f32>" if vec else "f32")
     ez = spec["EPI_Z"]
     spec["EPI_CALLS"] = (" ".join(f"epi(v.{c}, {ez}, m, n + {j}u);" for j, c in enumerate("xyzw")) if w == 4 else
                          f"epi(v.x + v.y + v.z + v.w, {ez}, m, n);" if kq else f"epi(v, {ez}, m, n);")
-    for i, kk in enumerate(("k", "k1", "k2", "k3")):  # the loads at the four k of an unrolled step
-        def load_a(index: str) -> str:
-            return binds.scalar(a.handle, addr(a.offset, [("z", a.strides[0]), ("m", a.strides[1]),
-                                                          (index, a.strides[2])]))
 
-        if kq:  # A's four k of quad kk beside B's quad
-            spec[f"LOAD_A_K{i}"] = "vec4<f32>({})".format(", ".join(load_a(f"(4u * {kk} + {j}u)") for j in range(4)))
-            spec[f"LOAD_B_K{i}"] = binds.quad(b.handle, addr(b.offset // 4, [("z", b.strides[0] // 4), (kk, 1),
-                                                                             ("n", b.strides[2] // 4)]))
-            continue
-        spec[f"LOAD_A_K{i}"] = load_a(kk)
-        if w == 1:
-            spec[f"LOAD_B_K{i}"] = binds.scalar(b.handle, addr(b.offset, [("z", b.strides[0]), (kk, b.strides[1]),
-                                                                          ("n", b.strides[2])]))
-        else:
-            spec[f"LOAD_B_K{i}"] = binds.quad(b.handle, addr(b.offset // 4, [("z", b.strides[0] // 4),
-                                                                             (kk, b.strides[1] // 4), ("nq", 1)]))
+    def load_a(index: str) -> str:
+        return binds.scalar(a.handle, addr(a.offset, [("z", a.strides[0]), ("m", a.strides[1]), (index, a.strides[2])]))
+
+    def load_b(kk: str) -> str:
+        if not vec:
+            return binds.scalar(b.handle, addr(b.offset, [("z", b.strides[0]), (kk, b.strides[1]),
+                                                          ("n", b.strides[2])]))
+        terms = [(kk, 1), ("n", b.strides[2] // 4)] if kq else [(kk, b.strides[1] // 4), ("nq", 1)]
+        return binds.quad(b.handle, addr(b.offset // 4, [("z", b.strides[0] // 4), *terms]))
+
+    for i, kk in enumerate(("k", "k1", "k2", "k3")):  # the loads at the four k of an unrolled step
+        # Quads of k: A's four k of quad kk beside B's quad.
+        spec[f"LOAD_A_K{i}"] = ("vec4<f32>({})".format(", ".join(load_a(f"(4u * {kk} + {j}u)") for j in range(4)))
+                                if kq else load_a(kk))
+        spec[f"LOAD_B_K{i}"] = load_b(kk)
     src = be.kernel_source("matmul_gemv", **spec)
-    label = f"matmul_gemv.{layout}" + ("4" if w == 4 or kq else "") + (f":split{splits}" if splits > 1 else "")
+    label = f"matmul_gemv.{layout}" + ("4" if vec else "") + (f":split{splits}" if splits > 1 else "")
     steps = [be.dispatch(be.pipeline(label, src), binds.buffers(), grid, label)]
     if scratch is None:
         return steps
