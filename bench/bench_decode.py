@@ -10,7 +10,9 @@ for ember the mean and the slowest step after the first four, which include a li
 for ember the ms of a step whose plan exists already (the same length run again: the replay alone, what a
 shape-polymorphic plan would cost per step), the GPU time of that replay (wgpu), the same replay with the next
 command buffer encoded after the wait (EMBER_ENCODE_AHEAD=0) and per run of 20 replays queued before one readback
-(the GPU's pace rather than a round trip's), the steps (kernels) a step records, the plans it built, and the
+(the GPU's pace rather than a round trip's), ember.Generator's ms per token from a 32-token prompt (--steps
+new tokens) with the greedy pick on the host and overlapped (picked on the device, each step queued before the
+token before it is read back), the steps (kernels) a step records, the plans it built, and the
 growth of the process's RSS and of the backend's bytes from the fifth step to the last (the issue's memory target:
 flat over a 512-step decode, `--steps 512`, beyond the live plan's regrowths, which the bytes columns include).
 ember keeps the cache on the device (`keep_on_device=True`, presents fed back as pasts); torch runs the
@@ -33,6 +35,7 @@ from tests.models import decoders  # noqa: E402
 from tests.models.memory import rss_mb  # noqa: E402
 
 import ember  # noqa: E402
+from ember.generate import Generator  # noqa: E402
 
 MODELS = {
     "gpt2-124m": decoders.Decoder("gpt2", layers=12, hidden=768, heads=12, kv_heads=12, ff=3072, vocab=50257,
@@ -44,6 +47,7 @@ MODELS = {
 
 
 PROFILE: Path | None = None  # --profile DIR
+PROMPT = 32  # prompt tokens of the Generator columns
 BACK_TO_BACK = 20  # replays queued before one readback (the "queued" column)
 KERNELS = 0  # --kernels N: the N slowest kernels of a step's replay (Model.profile) go into the notes
 NOTES: list[str] = []
@@ -97,6 +101,14 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
         model.run(last, keep_on_device=True)["logits"].numpy()
 
     queued = harness.measure(back_to_back, repeat=5, warmup=1)
+    generated = {}
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab, PROMPT)
+    for overlap in (False, True):  # ember.Generator from a PROMPT-token prompt: the host's pick, then the device's
+        gen = Generator(model, overlap=overlap, eos_token_id=[])
+        gen.generate(prompt, 4)  # the prompt's plan
+        gen.generate(prompt, steps)
+        generated[f"generate ms/token{', overlapped' if overlap else ''}"] = gen.stats.ms_per_token
+    generated["generate tok/s, overlapped"] = 1e3 / generated["generate ms/token, overlapped"]
     # The first steps plan (three past lengths fit and verify a template); the rest are made from it.
     steady = times[4:] if steps > 8 else times[1:]
     step_ms = float(np.median(steady))
@@ -114,7 +126,7 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
             "first 4 steps ms": [round(t, 1) for t in times[:4]],
             "replay ms": replay.median, "replay ms, no encode-ahead": no_ahead.median,
             f"ms/run, {BACK_TO_BACK} queued": queued.median / BACK_TO_BACK,
-            **({"replay GPU ms": gpu} if gpu is not None else {}),
+            **({"replay GPU ms": gpu} if gpu is not None else {}), **generated,
             "kernels/step": model.plan_info(last)["steps"], "builds": info["builds"],
             "from template": info["from_template"],
             **({"RSS +MB": mem[-1][0] - mem[0][0], "RSS MB": mem[-1][0],

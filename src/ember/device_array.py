@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,11 @@ class DeviceArray:
 
     def numpy(self) -> np.ndarray:
         return self.backend.download(View.contiguous(self.handle, self.dtype, self.shape))
+
+    def read_later(self) -> Callable[[], np.ndarray]:
+        """read(): what numpy() would return now, with the read started now and waited for in read(): work
+        submitted in between (a decode's next step) runs behind the read instead of ahead of it."""
+        return self.backend.download_later(View.contiguous(self.handle, self.dtype, self.shape))
 
     # numpy's and DLPack's protocols: np.asarray(a), np.array(a), np.from_dlpack(a), torch.from_dlpack(a), ... read
     # the array back to the host. What they get is always a host copy, on the CPU (device (kDLCPU, 0)), never a view

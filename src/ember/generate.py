@@ -25,7 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
 
+from .device_array import DeviceArray
 from .model import Model, load_onnx
 
 # A folder holding a decoder: the files tried in order when no genai_config.json names one.
@@ -179,14 +182,16 @@ class Generator:
     ember.load_onnx). kv_heads / head_size: the cache's shape where neither the model's declared input shapes nor
     its folder's genai_config.json / config.json give it. eos_token_id, pad_token_id, context_length: override
     the folder's. prefill_chunk: feed the prompt that many tokens a run (1 for an export that traced a fixed
-    sequence length of 1); default the whole prompt in one run.
-    `stats` holds the last generation's GenerationStats."""
+    sequence length of 1); default the whole prompt in one run. overlap: greedy steps pick their token on the
+    device (an argmax model on the same backend) and feed it to the next step as a DeviceArray, which is
+    submitted before the token is read back: the host's work on a step runs while the device runs the one before
+    (the step after an eos is computed and dropped). `stats` holds the last generation's GenerationStats."""
 
     def __init__(self, model: Model | str | os.PathLike, *, backend: Any = "auto", kv_heads: int | None = None,
                  head_size: int | None = None, eos_token_id: int | Sequence[int] | None = None,
                  pad_token_id: int | None = None, context_length: int | None = None,
                  prefill_chunk: int | None = None, config_dir: str | os.PathLike | None = None,
-                 **load_options: Any) -> None:
+                 overlap: bool = True, **load_options: Any) -> None:
         if isinstance(model, Model):
             if load_options:
                 raise TypeError(f"load options {sorted(load_options)} given with a loaded Model: they apply only "
@@ -205,6 +210,8 @@ class Generator:
         if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk: expected a whole number >= 1 or None, got {prefill_chunk!r}")
         self.prefill_chunk = prefill_chunk
+        self.overlap = overlap
+        self._argmax: Model | None = None
         self.eos_token_id = _ids(eos_token_id) if eos_token_id is not None else list(self.config.eos)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (
             self.config.pad if self.config.pad is not None else (self.eos_token_id or [0])[0])
@@ -302,9 +309,9 @@ class Generator:
         whose use_cache_branch false ignores the past), 1 stands in for them."""
         return {c.past: np.zeros((batch, c.heads or 1, 0, c.head_size or 1), c.dtype) for c in self.caches}
 
-    def _feeds(self, ids: np.ndarray, past_len: int) -> dict[str, np.ndarray]:
+    def _feeds(self, ids: np.ndarray | DeviceArray, past_len: int) -> dict[str, Any]:
         batch, seq = ids.shape
-        feeds = {self.input_ids: ids.astype(self._dtype(self.input_ids))}
+        feeds = {self.input_ids: ids if isinstance(ids, DeviceArray) else ids.astype(self._dtype(self.input_ids))}
         if self.has_mask:
             feeds[self.attention_mask] = np.ones((batch, past_len + seq), np.int64)
         if self.has_positions:
@@ -329,6 +336,16 @@ class Generator:
         last = np.asarray(logits.numpy() if hasattr(logits, "numpy") else logits)[:, -1].astype(np.float32)
         return last, {c.past: out[c.present] for c in self.caches}
 
+    def _run_argmax(self, ids: np.ndarray | DeviceArray, past: Mapping[str, Any],
+                    past_len: int) -> tuple[DeviceArray, dict[str, Any]]:
+        """_run with the last position's argmax taken on the device: ((batch, 1) token ids, the presents)."""
+        out = self.model.run({**self._feeds(ids, past_len), **past}, keep_on_device=True)
+        if self._argmax is None:
+            self._argmax = load_onnx(argmax_model(self.model, self.logits, self._dtype(self.input_ids)),
+                                     backend=self.model.compute_backend)
+        token = self._argmax.run({"logits": out[self.logits]}, keep_on_device=True)["token"]
+        return token, {c.past: out[c.present] for c in self.caches}
+
     def generate(self, input_ids: Any, max_new_tokens: int = 32, *, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                  eos_token_id: int | Sequence[int] | None = None,
@@ -347,7 +364,7 @@ class Generator:
             raise ValueError(f"the prompt has {length} tokens, more than the model's context length of "
                              f"{self.context_length}")
         rng = np.random.default_rng(seed)
-        builds0 = self.model.cache_info()["builds"]
+        builds0 = self._builds0 = self.model.cache_info()["builds"]
         stats = self.stats = GenerationStats(prompt_tokens=length)
         tokens: list[np.ndarray] = []
         done = np.zeros(batch, bool)
@@ -361,11 +378,15 @@ class Generator:
         past: dict[str, Any] = self._empty_past(batch)
         pos = 0
         chunk = self.prefill_chunk or length
+        overlap = self.overlap and not do_sample
+        run = self._run_argmax if overlap else self._run
         while pos < length:
-            last, past = self._run(prompt[:, pos:pos + chunk], past, pos)
+            last, past = run(prompt[:, pos:pos + chunk], past, pos)
             if pos == 0:
                 self._learn_cache_shape(past)
             pos += min(chunk, length - pos)
+        if overlap:
+            return self._overlapped(last, past, pos, length, max_new_tokens, eos, done, t0, callback, flat)
         while True:
             token = _pick(last, do_sample, temperature, top_k, top_p, rng)
             token = np.where(done, self.pad_token_id, token)
@@ -395,11 +416,65 @@ class Generator:
         stats.builds = stats.builds_total - builds0
         return _result(tokens, batch, flat)
 
+    def _overlapped(self, token_dev: DeviceArray, past: dict[str, Any], pos: int, length: int,
+                    max_new_tokens: int, eos: set[int], done: np.ndarray, t0: float,
+                    callback: Callable[[int, np.ndarray], Any] | None, flat: bool) -> np.ndarray:
+        """Greedy decode a step ahead: step n+1 (fed step n's token on the device) is submitted before step n's
+        token is read back, so the device runs it while the host reads, checks and calls back."""
+        stats = self.stats
+        tokens: list[np.ndarray] = []
+        read = token_dev.read_later()
+        while True:
+            n = len(tokens) + 1  # tokens once this one is read
+            ahead = n < max_new_tokens and not (self.context_length and length + n >= self.context_length)
+            if ahead:
+                next_dev, next_past = self._run_argmax(token_dev, past, pos)
+            token = np.where(done, self.pad_token_id, read().reshape(-1).astype(np.int64))
+            tokens.append(token)
+            done |= np.isin(token, list(eos))
+            t1 = time.perf_counter()
+            if len(tokens) == 1:
+                stats.prefill_ms = (t1 - t0) * 1e3
+            else:
+                stats.step_ms.append((t1 - t0) * 1e3)
+            t0 = t1
+            if callback is not None:
+                callback(len(tokens) - 1, token.copy())
+            if done.all() and eos:
+                stats.stopped = "eos"  # the step queued ahead is dropped
+                break
+            if not ahead:
+                stats.stopped = "max_new_tokens" if n >= max_new_tokens else "context_length"
+                break
+            token_dev, past, pos = next_dev, next_past, pos + 1
+            read = token_dev.read_later()
+        stats.new_tokens = len(tokens)
+        stats.builds_total = self.model.cache_info()["builds"]
+        stats.builds = stats.builds_total - self._builds0
+        return _result(tokens, len(done), flat)
+
     def _learn_cache_shape(self, presents: Mapping[str, Any]) -> None:
         """After the first run: the cache's head counts and sizes from what the model returned."""
         if any(c.heads is None or c.head_size is None for c in self.caches):
             self.caches = [_Cache(c.past, c.present, c.dtype, c.rank, presents[c.past].shape[1],
                                   presents[c.past].shape[3]) for c in self.caches]
+
+
+def argmax_model(model: Model, logits: str, dtype: np.dtype) -> onnx.ModelProto:
+    """An ONNX model from a decoder's logits (batch, sequence, vocab) to its last position's argmax
+    (batch, 1) in the dtype of the decoder's input_ids: the greedy pick, run on the decoder's backend."""
+    info = next(o for o in model.outputs if o.name == logits)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
+    nodes = [helper.make_node("Slice", ["logits", "start", "end", "axis"], ["last"]),
+             helper.make_node("ArgMax", ["last"], ["index"], axis=2, keepdims=0),
+             helper.make_node("Cast", ["index"], ["token"], to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))]
+    consts = [numpy_helper.from_array(np.array([v], np.int64), name)
+              for name, v in (("start", -1), ("end", 2**62), ("axis", 1))]
+    graph = helper.make_graph(nodes, "greedy_pick",
+                              [helper.make_tensor_value_info("logits", elem, ["batch", "sequence", "vocab"])],
+                              [helper.make_tensor_value_info("token", helper.np_dtype_to_tensor_dtype(
+                                  np.dtype(dtype)), ["batch", 1])], consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _static(shapes: Sequence[Sequence[Any]], axis: int, given: int | None, config: int | None) -> int | None:

@@ -89,6 +89,48 @@ def test_greedy_generate_on_wgpu_matches_onnxruntime(name: str, reference: dict[
     assert gen.stats.builds == 3 and gen.model.cache_info()["from_template"] == 5
 
 
+@pytest.mark.parametrize("backend", ["cpu", "wgpu"])
+def test_greedy_steps_overlapped_on_the_device_match_the_host_s_pick(backend: str,
+                                                                      reference: dict[str, list[int]]) -> None:
+    """overlap (the default): each step's argmax on the device, fed to the next step as a DeviceArray, which is
+    queued before the token is read. Same tokens, stops and padding as the host's pick, for a batch whose rows
+    stop at different steps (the step queued after the last eos dropped)."""
+    if backend not in ember.available_backends():
+        pytest.skip(f"no {backend} adapter")
+    want = reference["llama-dynamo"]
+    model = ember.load_onnx(_path("llama-dynamo"), backend=backend)
+    host, device = Generator(model, overlap=False), Generator(model)
+    prompts = np.array([PROMPT, [7, 8, 9, 10, 11]])
+    eos = [want[7], 11]  # the first row stops at its 8th token; the second (455, 84, 11, ...) at its 3rd
+    assert eos[0] not in want[:7]
+    a = host.generate(prompts, 12, eos_token_id=eos)
+    b = device.generate(prompts, 12, eos_token_id=eos)
+    assert a.tolist() == b.tolist() and a[0].tolist() == want[:8] and a[1, 2] == 11 and a[1, 3:].tolist() == [0] * 5
+    assert device.stats.stopped == host.stats.stopped == "eos" and device.stats.new_tokens == 8
+    assert host._argmax is None and device._argmax is not None
+    assert device._argmax.compute_backend is model.compute_backend
+    assert device.generate(PROMPT, 9).tolist() == want[:9] and device.stats.stopped == "max_new_tokens"
+    assert len(device.stats.step_ms) == 8
+
+
+def test_a_read_started_before_a_write_sees_the_data_before_it() -> None:
+    """DeviceArray.read_later: the read is queued when asked for, so a write (or a run) submitted after it does
+    not show in what read() returns, on either backend."""
+    from ember.device_array import DeviceArray
+
+    for name in ("cpu", "wgpu"):
+        if name not in ember.available_backends():
+            continue
+        be = ember.backend(name)
+        x = np.arange(10, dtype=np.int64).reshape(2, 5)
+        arr = DeviceArray.from_numpy(be, x)
+        read = arr.read_later()
+        be.upload(arr.handle, x + 100)
+        np.testing.assert_array_equal(read(), x)
+        np.testing.assert_array_equal(arr.numpy(), x + 100)
+        assert arr.read_later()().dtype == np.int64
+
+
 def test_sampling_is_reproducible_with_a_seed_and_differs_from_greedy(reference: dict[str, list[int]]) -> None:
     gen = Generator(_path("llama-dynamo"), backend="cpu")
     a = gen.generate(PROMPT, 12, do_sample=True, temperature=1.5, seed=7)

@@ -277,15 +277,15 @@ def test_runs_replay_a_command_buffer_encoded_ahead(conv_model) -> None:
 def test_readback_wait_spins_then_blocks(conv_model, monkeypatch, spin_s) -> None:
     """A hardware GPU's readback polls without blocking before the driver's fence wait: with no spin, a spin that
     ends before the GPU does (then blocks), and one that outlasts it, every run returns its own outputs."""
-    from ember.backends.wgpu import backend as wb
+    from ember.backends.wgpu import readback
 
     calls = []
 
-    def spin(self) -> float:
+    def spin(be) -> float:
         calls.append(spin_s)
         return spin_s
 
-    monkeypatch.setattr(wb.WgpuBackend, "_readback_spin_s", spin)
+    monkeypatch.setattr(readback, "spin_s", spin)
     m = ember.load_onnx(conv_model, backend="wgpu")
     rng = np.random.default_rng(5)
     for batch in (3, 1, 3):
@@ -295,12 +295,14 @@ def test_readback_wait_spins_then_blocks(conv_model, monkeypatch, spin_s) -> Non
 
 
 def test_readback_never_spins_on_a_software_adapter() -> None:
+    from ember.backends.wgpu import readback
+
     be = ember.backend("wgpu")
     be._require_init()
     if be.adapter.info["adapter_type"] == "CPU":
-        assert be._readback_spin_s() == 0.0
+        assert readback.spin_s(be) == 0.0
     else:
-        assert be._readback_spin_s() == settings.WAIT_SPIN_US.get() * 1e-6
+        assert readback.spin_s(be) == settings.WAIT_SPIN_US.get() * 1e-6
 
 
 def test_wgpu_profile_methods(conv_model) -> None:

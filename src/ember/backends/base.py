@@ -476,6 +476,13 @@ class ComputeBackend(PublicOps, ABC):
     def download(self, view: View) -> np.ndarray:
         """A new host array (logical dtype) holding a view's elements."""
 
+    def download_later(self, view: View) -> Callable[[], np.ndarray]:
+        """read(): the host array of a view (contiguous) as it is once the work submitted so far has run. The
+        read is started now and waited for when read() is called, so work submitted in between (the next decode
+        step) runs behind it instead of after it. Here the data is read at once."""
+        data = self.download(view)
+        return lambda: data
+
     @abstractmethod
     def record_copy(self, src: int, dst: int, nbytes: int) -> list:
         """Copy the first nbytes of allocation src into dst, on the device."""

@@ -27,7 +27,7 @@ from ...core.expr import Expr
 from ...core.view import View
 from ..base import ComputeBackend, OutOfMemoryError
 from . import device as dev
-from . import encode, program, timing
+from . import encode, program, readback, timing
 from .program import BUFFER_ALIGN, KERNELS, NUMPY_STORAGE, WORKGROUPS_PER_DIM, Copy, Dispatch, Replay, storage_type
 from .runtime import Runtime, resolve, runtime
 
@@ -218,13 +218,16 @@ class WgpuBackend(ComputeBackend):
         """`size` bytes of GPUBuffer `src` from `offset`, after all submitted work, through the MAP_READ buffer
         `staging`: queue.read_buffer's one copy, submit and map, in raw calls and waited for on this thread (wgpu-py's
         map waits through its poll thread: a hand-off per call)."""
+        self._submit_copies([Copy(src, offset, staging, 0, size)])
+        return self._map_read(staging, size)
+
+    def _submit_copies(self, copies: list) -> None:
         rt = self.rt
-        cb = encode.encode_copies(self.device, [Copy(src, offset, staging, 0, size)])
+        cb = encode.encode_copies(self.device, copies)
         try:
             rt.libf.wgpuQueueSubmit(self.queue._internal, 1, rt.ffi.new("WGPUCommandBuffer[1]", [cb]))
         finally:
             rt.lib.wgpuCommandBufferRelease(cb)
-        return self._map_read(staging, size)
 
     def buffer(self, handle: int) -> Any:
         return self._bufs[handle]
@@ -269,26 +272,17 @@ class WgpuBackend(ComputeBackend):
         return program.from_storage(raw, view.dtype).reshape(view.shape)
 
     def record_readback(self, view: View) -> tuple[list, Any]:
-        """A persistent MAP_READ staging buffer: the copy rides in the run's command buffer, so reading the
-        outputs costs one map per output instead of queue.read_buffer's buffer creation and extra submit."""
-        st = NUMPY_STORAGE[storage_type(view.dtype)]
-        if not view.is_contiguous():
-            raise ValueError("record_readback: the view must be contiguous")
-        nbytes = max(view.size * st.itemsize, 4)
-        size = -(-nbytes // 4) * 4
-        staging = self.device.create_buffer(size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-        # Buffer copies move whole 4-byte words: an f16 view at an odd offset would need a kernel instead.
-        if (view.offset * st.itemsize) % 4:
-            raise NotImplementedError("record_readback: the view must start on a 4-byte boundary")
-        steps = [Copy(self._bufs[view.handle], view.offset * st.itemsize, staging, 0, size)] if view.size else []
+        return readback.record_readback(self, view)
 
-        def read() -> np.ndarray:
-            if view.size == 0:
-                return np.empty(view.shape, view.dtype)
-            raw = np.frombuffer(self._map_read(staging, size), st)[: view.size]
-            return program.from_storage(raw, view.dtype).reshape(view.shape)
-
-        return steps, read
+    def download_later(self, view: View) -> Any:
+        """base.download_later: the copy into a staging buffer submitted now, mapped by read()."""
+        aligned = view.offset * NUMPY_STORAGE[storage_type(view.dtype)].itemsize % 4 == 0
+        if settings.WGPU_PY_ENCODE.get() or not view.size or not aligned or not view.is_contiguous():
+            return super().download_later(view)
+        steps, read = self.record_readback(view)
+        self.flush()
+        self._submit_copies(steps)
+        return read
 
     def storage_itemsize(self, dtype: Any) -> int:
         return NUMPY_STORAGE[storage_type(dtype)].itemsize
@@ -488,24 +482,8 @@ class WgpuBackend(ComputeBackend):
 
         return write_input
 
-    def _readback_spin_s(self) -> float:
-        """How long a readback wait polls without blocking (WAIT_SPIN_S). Never on a software adapter (lavapipe):
-        it runs the GPU work on the host's cores, and a spinning thread would take one of them."""
-        return 0.0 if self.adapter.info["adapter_type"] == "CPU" else settings.WAIT_SPIN_US.get() * 1e-6
-
     def _map_read(self, staging: Any, size: int) -> bytes:
-        """The first `size` bytes of a MAP_READ buffer, after all submitted work.
-
-        wgpu-py's map_async submits an empty command buffer first and waits through its poll thread (a fixed
-        cost per readback, BENCHMARKS.md); here the map is waited for on this thread (Runtime.map_read).
-        """
-        if settings.WGPU_PY_ENCODE.get():
-            staging.map_async("READ").sync_wait()
-            try:
-                return bytes(staging.read_mapped(0, size, copy=False))
-            finally:
-                staging.unmap()
-        return self.rt.map_read(self.device, staging, size, self._readback_spin_s())
+        return readback.map_read(self, staging, size)
 
     # ---- primitives: the ComputeBackend methods, each forwarded to the kernel registered under its name -------
     RUNTIME_SIZES = frozenset({"record_elementwise", "record_gather", "record_attention_views", "record_matmul",

@@ -1,0 +1,57 @@
+"""Reading device buffers back to the host: staging copies and their maps, waited for on the calling thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import wgpu
+
+from ... import settings
+from ...core.view import View
+from . import program
+from .program import NUMPY_STORAGE, Copy, storage_type
+
+
+def record_readback(be: Any, view: View) -> tuple[list, Any]:
+    """(steps, read) for a contiguous view (WgpuBackend.record_readback): a MAP_READ staging buffer of its own,
+    the copy into it as steps that ride in the run's command buffer, so reading the outputs costs one map per
+    output instead of queue.read_buffer's buffer creation and extra submit."""
+    st = NUMPY_STORAGE[storage_type(view.dtype)]
+    if not view.is_contiguous():
+        raise ValueError("record_readback: the view must be contiguous")
+    # Buffer copies move whole 4-byte words: an f16 view at an odd offset would need a kernel instead.
+    if (view.offset * st.itemsize) % 4:
+        raise NotImplementedError("record_readback: the view must start on a 4-byte boundary")
+    size = -(-max(view.size * st.itemsize, 4) // 4) * 4
+    staging = be.device.create_buffer(size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+    steps = [Copy(be.buffer(view.handle), view.offset * st.itemsize, staging, 0, size)] if view.size else []
+
+    def read() -> np.ndarray:
+        if view.size == 0:
+            return np.empty(view.shape, view.dtype)
+        raw = np.frombuffer(map_read(be, staging, size), st)[: view.size]
+        return program.from_storage(raw, view.dtype).reshape(view.shape)
+
+    return steps, read
+
+
+def spin_s(be: Any) -> float:
+    """How long a readback wait polls without blocking (WAIT_SPIN_US). Never on a software adapter (lavapipe):
+    it runs the GPU work on the host's cores, and a spinning thread would take one of them."""
+    return 0.0 if be.adapter.info["adapter_type"] == "CPU" else settings.WAIT_SPIN_US.get() * 1e-6
+
+
+def map_read(be: Any, staging: Any, size: int) -> bytes:
+    """The first `size` bytes of a MAP_READ buffer once the submitted work that writes it has run.
+
+    wgpu-py's map_async submits an empty command buffer first and waits through its poll thread (a fixed
+    cost per readback, BENCHMARKS.md); here the map is waited for on this thread (Runtime.map_read).
+    """
+    if settings.WGPU_PY_ENCODE.get():
+        staging.map_async("READ").sync_wait()
+        try:
+            return bytes(staging.read_mapped(0, size, copy=False))
+        finally:
+            staging.unmap()
+    return be.rt.map_read(be.device, staging, size, spin_s(be))
