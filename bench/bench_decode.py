@@ -5,16 +5,17 @@ flat KV cache (tests/models/decoders.py), decoded greedily a token a step from a
         [--engines ember-wgpu,ember-wgpu-f16,ember-cpu,torch,torch-f16,ort-cpu] [--json out.json] [--md out.md]
         [--profile DIR] [--kernels N]
 
-Columns per engine: ms per step over the loop (each step a new past length, as in a real decode; the median, and
-for ember the mean and the slowest step after the first four, which include a live plan's regrowth), tokens/s, and
-for ember the ms of a step whose plan exists already (the same length run again: the replay alone, what a
-shape-polymorphic plan would cost per step), the GPU time of that replay (wgpu), the same replay with the next
-command buffer encoded after the wait (EMBER_ENCODE_AHEAD=0) and per run of 20 replays queued before one readback
-(the GPU's pace rather than a round trip's), ember.Generator's ms per token from a 32-token prompt (--steps
-new tokens) with the greedy pick on the host and overlapped (picked on the device, each step queued before the
-token before it is read back), the steps (kernels) a step records, the plans it built, and the
-growth of the process's RSS and of the backend's bytes from the fifth step to the last (the issue's memory target:
-flat over a 512-step decode, `--steps 512`, beyond the live plan's regrowths, which the bytes columns include).
+Columns per engine: ms per step over the loop (each step a new past length, as in a real decode; the median, and for
+ember the mean and the slowest step after the first four, which include a live plan's regrowth), tokens/s, and for
+ember the ms of a step whose plan exists already (the same length run again: the replay alone, what a shape-
+polymorphic plan would cost per step), the GPU time of that replay (wgpu), the same replay with the next command
+buffer encoded after the wait (EMBER_ENCODE_AHEAD=0) and per run of 20 replays queued before one readback (the GPU's
+pace rather than a round trip's), ember.Generator's median ms per token and host ms per step (its run calls, no
+wait) from a 32-token prompt (--steps new tokens) with the greedy pick on the host and overlapped (picked on the
+device, each step queued before the token before it is read back), the steps (kernels) a step records, the plans it
+built, and the growth of the process's RSS and of the backend's bytes from the fifth step to the last (the issue's
+memory target: flat over a 512-step decode, `--steps 512`, beyond the live plan's regrowths, which the bytes columns
+include).
 ember keeps the cache on the device (`keep_on_device=True`, presents fed back as pasts); torch runs the
 transformers model eagerly on CUDA with a DynamicCache; ort-cpu is ONNX Runtime's CPU provider on the same export.
 """
@@ -107,7 +108,9 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
         gen = Generator(model, overlap=overlap, eos_token_id=[])
         gen.generate(prompt, 4)  # the prompt's plan
         gen.generate(prompt, steps)
-        generated[f"generate ms/token{', overlapped' if overlap else ''}"] = gen.stats.ms_per_token
+        st = gen.stats.as_dict()
+        generated[f"generate ms/token{', overlapped' if overlap else ''}"] = st["median_step_ms"]
+        generated[f"generate host ms{', overlapped' if overlap else ''}"] = st["median_host_ms"]
     generated["generate tok/s, overlapped"] = 1e3 / generated["generate ms/token, overlapped"]
     # The first steps plan (three past lengths fit and verify a template); the rest are made from it.
     steady = times[4:] if steps > 8 else times[1:]

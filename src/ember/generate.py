@@ -41,12 +41,15 @@ _EXPECTED = ("input_ids, a cache as past*/present* pairs (past_key_values.{i}.ke
 @dataclass
 class GenerationStats:
     """What the last generation cost: prefill (the prompt's run or runs, giving the first token) and each decode
-    step after it, in ms; plans built during it (model.cache_info()'s builds, before and after)."""
+    step after it, in ms, and of each step the host's time in the model's run calls (feeds written, the plan
+    moved to the new length, the submit; a readback's wait not included); plans built during it
+    (model.cache_info()'s builds, before and after)."""
 
     prompt_tokens: int = 0
     new_tokens: int = 0
     prefill_ms: float = 0.0
     step_ms: list[float] = field(default_factory=list)
+    host_ms: list[float] = field(default_factory=list)  # per decode step: the host's time submitting its runs
     builds: int = 0
     builds_total: int = 0
     stopped: str = ""  # "eos", "max_new_tokens" or "context_length"
@@ -65,6 +68,7 @@ class GenerationStats:
         return {"prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens, "prefill_ms": self.prefill_ms,
                 "ms_per_token": self.ms_per_token, "tokens_per_s": self.tokens_per_s,
                 "median_step_ms": float(np.median(self.step_ms)) if self.step_ms else None,
+                "median_host_ms": float(np.median(self.host_ms)) if self.host_ms else None,
                 "step_ms": list(self.step_ms), "builds": self.builds, "builds_total": self.builds_total,
                 "stopped": self.stopped}
 
@@ -212,6 +216,7 @@ class Generator:
         self.prefill_chunk = prefill_chunk
         self.overlap = overlap
         self._argmax: Model | None = None
+        self._host = 0.0  # ms of the last _run / _run_argmax call
         self.eos_token_id = _ids(eos_token_id) if eos_token_id is not None else list(self.config.eos)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (
             self.config.pad if self.config.pad is not None else (self.eos_token_id or [0])[0])
@@ -330,7 +335,9 @@ class Generator:
         return next(np.dtype(i.dtype) for i in self.model.inputs if i.name == name)
 
     def _run(self, ids: np.ndarray, past: Mapping[str, Any], past_len: int) -> tuple[np.ndarray, dict[str, Any]]:
+        t0 = time.perf_counter()
         out = self.model.run({**self._feeds(ids, past_len), **past}, keep_on_device=True)
+        self._host = (time.perf_counter() - t0) * 1e3
         logits = out[self.logits]
         # The logits come to the host (the last position's pick the token); the presents stay on the device.
         last = np.asarray(logits.numpy() if hasattr(logits, "numpy") else logits)[:, -1].astype(np.float32)
@@ -339,11 +346,13 @@ class Generator:
     def _run_argmax(self, ids: np.ndarray | DeviceArray, past: Mapping[str, Any],
                     past_len: int) -> tuple[DeviceArray, dict[str, Any]]:
         """_run with the last position's argmax taken on the device: ((batch, 1) token ids, the presents)."""
+        t0 = time.perf_counter()
         out = self.model.run({**self._feeds(ids, past_len), **past}, keep_on_device=True)
         if self._argmax is None:
             self._argmax = load_onnx(argmax_model(self.model, self.logits, self._dtype(self.input_ids)),
                                      backend=self.model.compute_backend)
         token = self._argmax.run({"logits": out[self.logits]}, keep_on_device=True)["token"]
+        self._host = (time.perf_counter() - t0) * 1e3
         return token, {c.past: out[c.present] for c in self.caches}
 
     def generate(self, input_ids: Any, max_new_tokens: int = 32, *, do_sample: bool = False,
@@ -410,6 +419,7 @@ class Generator:
                 break
             t0 = time.perf_counter()
             last, past = self._run(token[:, None].astype(prompt.dtype), past, pos)
+            stats.host_ms.append(self._host)
             pos += 1
         stats.new_tokens = len(tokens)
         stats.builds_total = self.model.cache_info()["builds"]
@@ -429,6 +439,7 @@ class Generator:
             ahead = n < max_new_tokens and not (self.context_length and length + n >= self.context_length)
             if ahead:
                 next_dev, next_past = self._run_argmax(token_dev, past, pos)
+                stats.host_ms.append(self._host)
             token = np.where(done, self.pad_token_id, read().reshape(-1).astype(np.int64))
             tokens.append(token)
             done |= np.isin(token, list(eos))
