@@ -344,16 +344,19 @@ class Generator:
         return last, {c.past: out[c.present] for c in self.caches}
 
     def _run_argmax(self, ids: np.ndarray | DeviceArray, past: Mapping[str, Any],
-                    past_len: int) -> tuple[DeviceArray, dict[str, Any]]:
-        """_run with the last position's argmax taken on the device: ((batch, 1) token ids, the presents)."""
-        t0 = time.perf_counter()
-        out = self.model.run({**self._feeds(ids, past_len), **past}, keep_on_device=True)
+                    past_len: int) -> tuple[tuple[DeviceArray, Callable[[], np.ndarray]], dict[str, Any]]:
+        """_run with the last position's argmax taken on the device: (((batch, 1) token ids, their read started),
+        the presents). The step's runs and the read's copy reach the device in one submit."""
         if self._argmax is None:
             self._argmax = load_onnx(argmax_model(self.model, self.logits, self._dtype(self.input_ids)),
                                      backend=self.model.compute_backend)
-        token = self._argmax.run({"logits": out[self.logits]}, keep_on_device=True)["token"]
+        t0 = time.perf_counter()
+        with self.model.compute_backend.held_submits():
+            out = self.model.run({**self._feeds(ids, past_len), **past}, keep_on_device=True)
+            token = self._argmax.run({"logits": out[self.logits]}, keep_on_device=True)["token"]
+            read = token.read_later()
         self._host = (time.perf_counter() - t0) * 1e3
-        return token, {c.past: out[c.present] for c in self.caches}
+        return (token, read), {c.past: out[c.present] for c in self.caches}
 
     def generate(self, input_ids: Any, max_new_tokens: int = 32, *, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
@@ -426,19 +429,20 @@ class Generator:
         stats.builds = stats.builds_total - builds0
         return _result(tokens, batch, flat)
 
-    def _overlapped(self, token_dev: DeviceArray, past: dict[str, Any], pos: int, length: int,
+    def _overlapped(self, last: tuple[DeviceArray, Callable[[], np.ndarray]], past: dict[str, Any], pos: int,
+                    length: int,
                     max_new_tokens: int, eos: set[int], done: np.ndarray, t0: float,
                     callback: Callable[[int, np.ndarray], Any] | None, flat: bool) -> np.ndarray:
         """Greedy decode a step ahead: step n+1 (fed step n's token on the device) is submitted before step n's
         token is read back, so the device runs it while the host reads, checks and calls back."""
         stats = self.stats
         tokens: list[np.ndarray] = []
-        read = token_dev.read_later()
+        token_dev, read = last
         while True:
             n = len(tokens) + 1  # tokens once this one is read
             ahead = n < max_new_tokens and not (self.context_length and length + n >= self.context_length)
             if ahead:
-                next_dev, next_past = self._run_argmax(token_dev, past, pos)
+                (next_dev, next_read), next_past = self._run_argmax(token_dev, past, pos)
                 stats.host_ms.append(self._host)
             token = np.where(done, self.pad_token_id, read().reshape(-1).astype(np.int64))
             tokens.append(token)
@@ -457,8 +461,7 @@ class Generator:
             if not ahead:
                 stats.stopped = "max_new_tokens" if n >= max_new_tokens else "context_length"
                 break
-            token_dev, past, pos = next_dev, next_past, pos + 1
-            read = token_dev.read_later()
+            token_dev, read, past, pos = next_dev, next_read, next_past, pos + 1
         stats.new_tokens = len(tokens)
         stats.builds_total = self.model.cache_info()["builds"]
         stats.builds = stats.builds_total - self._builds0

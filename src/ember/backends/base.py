@@ -7,11 +7,12 @@ record methods at load time to build a static plan, so a model run is a replay o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -475,6 +476,13 @@ class ComputeBackend(PublicOps, ABC):
     @abstractmethod
     def download(self, view: View) -> np.ndarray:
         """A new host array (logical dtype) holding a view's elements."""
+
+    @contextlib.contextmanager
+    def held_submits(self) -> Iterator[None]:
+        """Work submitted inside (plan runs, download_later's copies) may be held and handed to the device at once
+        when the block ends: one submit for a decode step's runs and its token's read. Reads and writes inside
+        stay in order. Here every call runs at once."""
+        yield
 
     def download_later(self, view: View) -> Callable[[], np.ndarray]:
         """read(): the host array of a view (contiguous) as it is once the work submitted so far has run. The

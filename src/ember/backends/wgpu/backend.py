@@ -10,12 +10,14 @@ cached by that text, so replaying the same shapes creates no new pipelines (`pip
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import string
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
@@ -53,6 +55,7 @@ class WgpuBackend(ComputeBackend):
         self._power = power_preference
         self._bufs: dict[int, Any] = {}
         self._spare = encode.SpareBuffers()  # freed buffers kept for alloc(overwritten=True)
+        self._holding = False  # inside held_submits()
         self._pending = encode.Pending()  # small public-op replays waiting for one submit (flush() first)
         self._recycled: set[int] = set()  # live handles whose buffers go back to _spare when freed
         # Least recently used first; bounded by settings.PIPELINE_CACHE. Shaders are specialised per shape, so a model
@@ -222,12 +225,34 @@ class WgpuBackend(ComputeBackend):
         return self._map_read(staging, size)
 
     def _submit_copies(self, copies: list) -> None:
+        self._submit([encode.encode_copies(self.device, copies)])
+
+    def _submit(self, cbs: list) -> None:
+        """Submit raw command buffers and release them, or hold them for the end of held_submits()."""
+        if self._holding:
+            self._pending.cbs += cbs
+            return
         rt = self.rt
-        cb = encode.encode_copies(self.device, copies)
         try:
-            rt.libf.wgpuQueueSubmit(self.queue._internal, 1, rt.ffi.new("WGPUCommandBuffer[1]", [cb]))
+            rt.libf.wgpuQueueSubmit(self.queue._internal, len(cbs), rt.ffi.new("WGPUCommandBuffer[]", cbs))
         finally:
-            rt.lib.wgpuCommandBufferRelease(cb)
+            for cb in cbs:
+                rt.lib.wgpuCommandBufferRelease(cb)
+
+    @contextlib.contextmanager
+    def held_submits(self) -> Iterator[None]:
+        """base.held_submits: the plans' runs and readback copies inside go to the queue in one submit at the end
+        (a submit costs more than the command buffers it carries: most of all on Dawn). Anything else reaching
+        the queue inside (a write, a read, a free) submits what is held first, so the queue order stays."""
+        if self._holding:
+            yield
+            return
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+            self.flush()
 
     def buffer(self, handle: int) -> Any:
         return self._bufs[handle]
@@ -280,7 +305,8 @@ class WgpuBackend(ComputeBackend):
         if settings.WGPU_PY_ENCODE.get() or not view.size or not aligned or not view.is_contiguous():
             return super().download_later(view)
         steps, read = self.record_readback(view)
-        self.flush()
+        if not self._holding:
+            self.flush()
         self._submit_copies(steps)
         return read
 
@@ -408,31 +434,19 @@ class WgpuBackend(ComputeBackend):
         if type(prepared) is not Replay:
             self.execute([*before, *prepared, *after])
             return
-        self.flush()
+        if not self._holding:
+            self.flush()
         extra = before or after
         if extra and not all(type(st) is Copy for st in (*before, *after)):
             self.execute([*before, *prepared.steps, *after])
             return
-        rt = self.rt
-        lib = rt.lib
         cb = prepared.ahead.pop() if prepared.ahead else self.encode_prepared(prepared)
-        if not extra:
-            try:
-                rt.libf.wgpuQueueSubmit(self.queue._internal, 1, rt.ffi.new("WGPUCommandBuffer[1]", [cb]))
-            finally:
-                lib.wgpuCommandBufferRelease(cb)
-        else:
-            # This run's copies (device-array feeds in, outputs out) get command buffers of their own, submitted with
-            # the prepared one: the model's steps keep their encoded-once form.
-            cbs = [encode.encode_copies(self.device, before)] if before else []
-            cbs.append(cb)
-            if after:
-                cbs.append(encode.encode_copies(self.device, after))
-            try:
-                rt.libf.wgpuQueueSubmit(self.queue._internal, len(cbs), rt.ffi.new("WGPUCommandBuffer[]", cbs))
-            finally:
-                for c in cbs:
-                    lib.wgpuCommandBufferRelease(c)
+        # This run's copies (device-array feeds in, outputs out) get command buffers of their own, submitted with
+        # the prepared one: the model's steps keep their encoded-once form.
+        cbs = [encode.encode_copies(self.device, before), cb] if before else [cb]
+        if after:
+            cbs.append(encode.encode_copies(self.device, after))
+        self._submit(cbs)
         self.dispatches += len(prepared.steps)
         if settings.ENCODE_AHEAD.get():
             prepared.ahead.append(self.encode_prepared(prepared))

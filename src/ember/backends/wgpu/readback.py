@@ -48,6 +48,7 @@ def map_read(be: Any, staging: Any, size: int) -> bytes:
     wgpu-py's map_async submits an empty command buffer first and waits through its poll thread (a fixed
     cost per readback, BENCHMARKS.md); here the map is waited for on this thread (Runtime.map_read).
     """
+    be.flush()  # a copy still held (held_submits) would never complete the map
     if settings.WGPU_PY_ENCODE.get():
         staging.map_async("READ").sync_wait()
         try:
