@@ -189,13 +189,15 @@ class Generator:
     sequence length of 1); default the whole prompt in one run. overlap: greedy steps pick their token on the
     device (an argmax model on the same backend) and feed it to the next step as a DeviceArray, which is
     submitted before the token is read back: the host's work on a step runs while the device runs the one before
-    (the step after an eos is computed and dropped). `stats` holds the last generation's GenerationStats."""
+    (the step after an eos is computed and dropped); None (default): where the backend runs asynchronously (wgpu;
+    on cpu a run is done when it returns, and the host's pick is cheaper). `stats` holds the last generation's
+    GenerationStats."""
 
     def __init__(self, model: Model | str | os.PathLike, *, backend: Any = "auto", kv_heads: int | None = None,
                  head_size: int | None = None, eos_token_id: int | Sequence[int] | None = None,
                  pad_token_id: int | None = None, context_length: int | None = None,
                  prefill_chunk: int | None = None, config_dir: str | os.PathLike | None = None,
-                 overlap: bool = True, **load_options: Any) -> None:
+                 overlap: bool | None = None, **load_options: Any) -> None:
         if isinstance(model, Model):
             if load_options:
                 raise TypeError(f"load options {sorted(load_options)} given with a loaded Model: they apply only "
@@ -214,7 +216,7 @@ class Generator:
         if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk: expected a whole number >= 1 or None, got {prefill_chunk!r}")
         self.prefill_chunk = prefill_chunk
-        self.overlap = overlap
+        self.overlap = overlap if overlap is not None else bool(self.model.compute_backend.asynchronous)
         self._argmax: Model | None = None
         self._host = 0.0  # ms of the last _run / _run_argmax call
         self.eos_token_id = _ids(eos_token_id) if eos_token_id is not None else list(self.config.eos)

@@ -99,7 +99,8 @@ def test_greedy_steps_overlapped_on_the_device_match_the_host_s_pick(backend: st
         pytest.skip(f"no {backend} adapter")
     want = reference["llama-dynamo"]
     model = ember.load_onnx(_path("llama-dynamo"), backend=backend)
-    host, device = Generator(model, overlap=False), Generator(model)
+    host, device = Generator(model, overlap=False), Generator(model, overlap=True)
+    assert Generator(model).overlap == (backend == "wgpu")
     prompts = np.array([PROMPT, [7, 8, 9, 10, 11]])
     eos = [want[7], 11]  # the first row stops at its 8th token; the second (455, 84, 11, ...) at its 3rd
     assert eos[0] not in want[:7]

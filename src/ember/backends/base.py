@@ -53,6 +53,9 @@ class ComputeBackend(PublicOps, ABC):
     # Record methods that accept runtime_sizes=True: the sizes reach the kernel at run time, so plans made from a
     # template (ember.plan.fit) at new sizes reuse the kernel (wgpu: no new pipeline).
     RUNTIME_SIZES: frozenset[str] = frozenset()
+    # Whether a run returns before the device has done its work (a GPU queue): then the host can prepare the next
+    # run while the device runs this one (ember.Generator's overlap).
+    asynchronous: bool = False
 
     def probe_sizes(self, method: str, args: tuple, kwargs: dict) -> tuple | None:
         """What the RUNTIME_SIZES call `method(*args, **kwargs, runtime_sizes=True)` would record, with nothing made

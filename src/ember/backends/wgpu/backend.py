@@ -56,6 +56,7 @@ class WgpuBackend(ComputeBackend):
         self._bufs: dict[int, Any] = {}
         self._spare = encode.SpareBuffers()  # freed buffers kept for alloc(overwritten=True)
         self._holding = False  # inside held_submits()
+        self.asynchronous = True
         self._pending = encode.Pending()  # small public-op replays waiting for one submit (flush() first)
         self._recycled: set[int] = set()  # live handles whose buffers go back to _spare when freed
         # Least recently used first; bounded by settings.PIPELINE_CACHE. Shaders are specialised per shape, so a model
