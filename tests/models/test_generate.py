@@ -128,6 +128,7 @@ def test_a_read_started_before_a_write_sees_the_data_before_it() -> None:
         read = arr.read_later()
         be.upload(arr.handle, x + 100)
         np.testing.assert_array_equal(read(), x)
+        np.testing.assert_array_equal(read(), x)  # read twice: the same
         np.testing.assert_array_equal(arr.numpy(), x + 100)
         assert arr.read_later()().dtype == np.int64
 

@@ -305,11 +305,9 @@ class WgpuBackend(ComputeBackend):
         aligned = view.offset * NUMPY_STORAGE[storage_type(view.dtype)].itemsize % 4 == 0
         if settings.WGPU_PY_ENCODE.get() or not view.size or not aligned or not view.is_contiguous():
             return super().download_later(view)
-        steps, read = self.record_readback(view)
         if not self._holding:
             self.flush()
-        self._submit_copies(steps)
-        return read
+        return readback.download_later(self, view)
 
     def storage_itemsize(self, dtype: Any) -> int:
         return NUMPY_STORAGE[storage_type(dtype)].itemsize

@@ -36,6 +36,32 @@ def record_readback(be: Any, view: View) -> tuple[list, Any]:
     return steps, read
 
 
+def download_later(be: Any, view: View) -> Any:
+    """WgpuBackend.download_later for a non-empty contiguous view starting on a word: the copy submitted (or
+    held) now into a MAP_READ buffer from a small pool of the backend's (a decode reads one token a step), mapped
+    and given back to the pool by read()."""
+    st = NUMPY_STORAGE[storage_type(view.dtype)]
+    size = -(-view.size * st.itemsize // 4) * 4
+    pool = be.__dict__.setdefault("_read_pool", {}).setdefault(size, [])
+    staging = pool.pop() if pool else be.device.create_buffer(
+        size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+    be._submit_copies([Copy(be.buffer(view.handle), view.offset * st.itemsize, staging, 0, size)])
+
+    done: list[np.ndarray] = []
+
+    def read() -> np.ndarray:
+        if not done:  # once: the staging buffer is the pool's again after the first read
+            try:
+                raw = np.frombuffer(map_read(be, staging, size), st)[: view.size].copy()
+            finally:
+                if len(pool) < 4:
+                    pool.append(staging)
+            done.append(program.from_storage(raw, view.dtype).reshape(view.shape))
+        return done[0].copy()
+
+    return read
+
+
 def spin_s(be: Any) -> float:
     """How long a readback wait polls without blocking (WAIT_SPIN_US). Never on a software adapter (lavapipe):
     it runs the GPU work on the host's cores, and a spinning thread would take one of them."""
