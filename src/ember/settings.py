@@ -170,6 +170,10 @@ GEMV_GROUPS = _declare("gemv_groups", "EMBER_GEMV_GROUPS", _whole, 512, "workgro
 GEMV_VEC4 = _declare("gemv_vec4", "EMBER_GEMV_VEC4", _flag, True, "bool",
                      "wgpu: the matrix-vector kernel reads a weight in quads where they line up: 4 columns of a "
                      "row-major one, 4 k of a transposed one (off: one element a load, to compare).")
+ATTENTION_SPLIT_KV = _declare("attention_split_kv", "EMBER_ATTENTION_SPLIT_KV", _whole, 32, "keys",
+                                "wgpu: a decode step's attention (one query) splits each head's keys into chunks of "
+                                "at least this many, up to 32 workgroups a head, merged by a second kernel (0: never, "
+                                "one workgroup a head, to compare).")
 WEBGPU = _declare("webgpu", "EMBER_WEBGPU", _choice("auto", "dawn", "wgpu-native"), "auto",
                   "auto | dawn | wgpu-native",
                   "wgpu: the WebGPU runtime (Dawn through wgpudawn, or wgpu-native through wgpu-py); auto: Dawn "

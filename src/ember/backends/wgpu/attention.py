@@ -14,6 +14,9 @@ that fits the adapter's workgroup storage is taken (32 KiB on lavapipe, 48 KiB o
 Runtime sizes (`runtime_sizes`, what a template's plans record): the key count, the views' strides and offsets and,
 where there is more than one query, the query count and the batch come from a uniform array, the query tile then
 picked for RUNTIME_QUERIES rows whatever the count (one kernel for every sequence length of an encoder).
+
+A single query row (a decode step) against enough keys takes the split-KV kernels of attention_decode.py instead
+(EMBER_ATTENTION_SPLIT_KV).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...core.view import View
-from .program import as_f32, from_f32, grid_1d, kernel, sizes_buffer, sizes_decl
+from .program import KERNELS, as_f32, from_f32, grid_1d, kernel, sizes_buffer, sizes_decl
 from .shader.bindings import Window, binding_windows, check_no_overlap, check_view, rebase_view, require_float
 from .shader.wgsl import float_literal
 
@@ -287,6 +290,10 @@ def record_attention_views(be: WgpuBackend, q: View, k: View, v: View, mask: Vie
         k = View(k.handle, k.dtype, k.shape, (0, 0, 0, 0), 0)
         v = View(v.handle, v.dtype, v.shape, (0, 0, 0, 0), 0)
         mask = None
+    if seq_q == 1:  # a decode step: its keys split over several workgroups a head where worth it (attention_decode)
+        split = KERNELS["attention_split_kv"](be, q, k, v, mask, out, scale, causal, types, runtime_sizes)
+        if split is not None:
+            return split
     # An allocation above the max binding size binds just the bytes a view touches (its offsets then count from
     # there): each read-only input its own range (one buffer may be bound read-only several times), the output
     # one range covering whatever reads through it.
