@@ -17,7 +17,7 @@ import string
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import Any
 
@@ -254,6 +254,14 @@ class WgpuBackend(ComputeBackend):
         finally:
             self._holding = False
             self.flush()
+
+    def after_submit(self, fn: Callable[[], None]) -> None:
+        """Call fn once what is held (held_submits, the public ops' pending replays) has been submitted: now when
+        nothing is."""
+        if self._pending.cbs:
+            self._pending.after.append(fn)
+        else:
+            fn()
 
     def buffer(self, handle: int) -> Any:
         return self._bufs[handle]

@@ -144,6 +144,7 @@ class Pending:
     def __init__(self, limit: int = 8) -> None:
         self.limit = limit
         self.cbs: list[Any] = []
+        self.after: list[Any] = []  # called once the held buffers are submitted (WgpuBackend.after_submit)
         self._lock = threading.Lock()
 
     @classmethod
@@ -175,6 +176,9 @@ class Pending:
         finally:
             for cb in cbs:
                 lib.wgpuCommandBufferRelease(cb)
+        after, self.after = self.after, []
+        for fn in after:
+            fn()
 
 
 def encode_copies(device: Any, copies: list[Copy] | tuple[Copy, ...]) -> Any:

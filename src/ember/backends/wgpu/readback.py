@@ -46,13 +46,20 @@ def download_later(be: Any, view: View) -> Any:
     staging = pool.pop() if pool else be.device.create_buffer(
         size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
     be._submit_copies([Copy(be.buffer(view.handle), view.offset * st.itemsize, staging, 0, size)])
-
+    started: list[Any] = []
+    if be.rt.map_early and not settings.WGPU_PY_ENCODE.get():
+        # The map is asked for as soon as the copy is submitted (held_submits: when it ends): Dawn completes a map
+        # after the work submitted before it was asked for, so asking at read() would wait for the next step too.
+        be.after_submit(lambda: started.append(be.rt.map_start(staging, size)))
     done: list[np.ndarray] = []
 
     def read() -> np.ndarray:
         if not done:  # once: the staging buffer is the pool's again after the first read
             try:
-                raw = np.frombuffer(map_read(be, staging, size), st)[: view.size].copy()
+                be.flush()
+                data = (be.rt.map_finish(be.device, staging, size, started[0], spin_s(be)) if started
+                        else map_read(be, staging, size))
+                raw = np.frombuffer(data, st)[: view.size].copy()
             finally:
                 if len(pool) < 4:
                     pool.append(staging)

@@ -82,23 +82,36 @@ class Runtime:
         return ()
 
     # ---- waiting ----
+    map_early = True  # download_later asks for its map right after its copy's submit (map_start says why)
+
     def map_read(self, device: Any, buf: Any, size: int, spin_s: float) -> bytes:
         """The first `size` bytes of MAP_READ buffer `buf`, after all submitted work: mapped and waited for on this
         thread (wgpu-py's map_async waits through its poll thread: a hand-off per call). Spins `spin_s` seconds
         before blocking in the driver."""
+        return self.map_finish(device, buf, size, self.map_start(buf, size), spin_s)
+
+    def map_start(self, buf: Any, size: int) -> tuple[Any, Any]:
+        """Ask for `buf` to be mapped for reading: (its status cell, its future) for map_finish. Dawn maps once the
+        work submitted before this call has run, so a read started before the next run's submit does not wait for
+        that run."""
         lib, ffi = self.lib, self.ffi
         cell = ffi.new("int[1]")
         info = ffi.new("WGPUBufferMapCallbackInfo *")
         info.mode = lib.WGPUCallbackMode_AllowProcessEvents
         info.callback = self.map_callback
         info.userdata1 = cell
-        raw = buf._internal
-        future = lib.wgpuBufferMapAsync(raw, lib.WGPUMapMode_Read, 0, size, info[0])
+        return cell, lib.wgpuBufferMapAsync(buf._internal, lib.WGPUMapMode_Read, 0, size, info[0])
+
+    def map_finish(self, device: Any, buf: Any, size: int, started: tuple[Any, Any], spin_s: float) -> bytes:
+        """map_start's map waited for (spinning `spin_s` seconds before blocking), read and unmapped."""
+        lib, ffi = self.lib, self.ffi
+        cell, future = started
         deadline = time.perf_counter() + spin_s
         while cell[0] == 0:  # the callback may also run on wgpu-py's poll thread: wait until it has
             self.wait(device, future, time.perf_counter() >= deadline)
         if cell[0] != lib.WGPUMapAsyncStatus_Success:
             raise RuntimeError(f"{self.name}: mapping a readback buffer failed (status {cell[0]})")
+        raw = buf._internal
         try:
             return ffi.buffer(lib.wgpuBufferGetConstMappedRange(raw, 0, size), size)[:]
         finally:
@@ -117,6 +130,9 @@ class Runtime:
 
 class WgpuNative(Runtime):
     name, module, api_module = "wgpu-native", "wgpu", "wgpu.backends.wgpu_native._api"
+    # wgpu maps a buffer once the submissions using it have run, whenever it is asked; a map asked for while
+    # later work is queued makes its next submit wait (lavapipe): ask at the read.
+    map_early = False
     features = ("timestamp-query", "timestamp-query-inside-passes", "shader-f16", "subgroup")
 
     def create_shader_module(self, device: Any, code: str, label: str, trusted: bool) -> Any:
