@@ -218,7 +218,6 @@ class Generator:
         self.prefill_chunk = prefill_chunk
         self.overlap = overlap if overlap is not None else bool(self.model.compute_backend.asynchronous)
         self._argmax: Model | None = None
-        self._host = 0.0  # ms of the last _run / _run_argmax call
         self.eos_token_id = _ids(eos_token_id) if eos_token_id is not None else list(self.config.eos)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (
             self.config.pad if self.config.pad is not None else (self.eos_token_id or [0])[0])
@@ -336,14 +335,11 @@ class Generator:
     def _dtype(self, name: str) -> np.dtype:
         return next(np.dtype(i.dtype) for i in self.model.inputs if i.name == name)
 
-    def _run(self, ids: np.ndarray, past: Mapping[str, Any], past_len: int) -> tuple[np.ndarray, dict[str, Any]]:
-        t0 = time.perf_counter()
+    def _run(self, ids: np.ndarray, past: Mapping[str, Any], past_len: int) -> tuple[Any, dict[str, Any]]:
+        """(the logits, the presents), both as the run left them (on the device): _last_logits reads the
+        logits."""
         out = self.model.run({**self._feeds(ids, past_len), **past}, keep_on_device=True)
-        self._host = (time.perf_counter() - t0) * 1e3
-        logits = out[self.logits]
-        # The logits come to the host (the last position's pick the token); the presents stay on the device.
-        last = np.asarray(logits.numpy() if hasattr(logits, "numpy") else logits)[:, -1].astype(np.float32)
-        return last, {c.past: out[c.present] for c in self.caches}
+        return out[self.logits], {c.past: out[c.present] for c in self.caches}
 
     def _run_argmax(self, ids: np.ndarray | DeviceArray, past: Mapping[str, Any],
                     past_len: int) -> tuple[tuple[DeviceArray, Callable[[], np.ndarray]], dict[str, Any]]:
@@ -352,12 +348,10 @@ class Generator:
         if self._argmax is None:
             self._argmax = load_onnx(argmax_model(self.model, self.logits, self._dtype(self.input_ids)),
                                      backend=self.model.compute_backend)
-        t0 = time.perf_counter()
         with self.model.compute_backend.held_submits():
             out = self.model.run({**self._feeds(ids, past_len), **past}, keep_on_device=True)
             token = self._argmax.run({"logits": out[self.logits]}, keep_on_device=True)["token"]
             read = token.read_later()
-        self._host = (time.perf_counter() - t0) * 1e3
         return (token, read), {c.past: out[c.present] for c in self.caches}
 
     def generate(self, input_ids: Any, max_new_tokens: int = 32, *, do_sample: bool = False,
@@ -378,7 +372,7 @@ class Generator:
             raise ValueError(f"the prompt has {length} tokens, more than the model's context length of "
                              f"{self.context_length}")
         rng = np.random.default_rng(seed)
-        builds0 = self._builds0 = self.model.cache_info()["builds"]
+        builds0 = self.model.cache_info()["builds"]
         stats = self.stats = GenerationStats(prompt_tokens=length)
         tokens: list[np.ndarray] = []
         done = np.zeros(batch, bool)
@@ -400,53 +394,17 @@ class Generator:
                 self._learn_cache_shape(past)
             pos += min(chunk, length - pos)
         if overlap:
-            return self._overlapped(last, past, pos, length, max_new_tokens, eos, done, t0, callback, flat)
+            token_dev, read = last
         while True:
-            token = _pick(last, do_sample, temperature, top_k, top_p, rng)
-            token = np.where(done, self.pad_token_id, token)
-            tokens.append(token)
-            done |= np.isin(token, list(eos))
-            t1 = time.perf_counter()
-            if len(tokens) == 1:
-                stats.prefill_ms = (t1 - t0) * 1e3
-            else:
-                stats.step_ms.append((t1 - t0) * 1e3)
-            if callback is not None:
-                callback(len(tokens) - 1, token.copy())
-            if done.all() and eos:
-                stats.stopped = "eos"
-                break
-            if len(tokens) >= max_new_tokens:
-                stats.stopped = "max_new_tokens"
-                break
-            if self.context_length and length + len(tokens) >= self.context_length:  # the sequence fills it
-                stats.stopped = "context_length"
-                break
-            t0 = time.perf_counter()
-            last, past = self._run(token[:, None].astype(prompt.dtype), past, pos)
-            stats.host_ms.append(self._host)
-            pos += 1
-        stats.new_tokens = len(tokens)
-        stats.builds_total = self.model.cache_info()["builds"]
-        stats.builds = stats.builds_total - builds0
-        return _result(tokens, batch, flat)
-
-    def _overlapped(self, last: tuple[DeviceArray, Callable[[], np.ndarray]], past: dict[str, Any], pos: int,
-                    length: int,
-                    max_new_tokens: int, eos: set[int], done: np.ndarray, t0: float,
-                    callback: Callable[[int, np.ndarray], Any] | None, flat: bool) -> np.ndarray:
-        """Greedy decode a step ahead: step n+1 (fed step n's token on the device) is submitted before step n's
-        token is read back, so the device runs it while the host reads, checks and calls back."""
-        stats = self.stats
-        tokens: list[np.ndarray] = []
-        token_dev, read = last
-        while True:
-            n = len(tokens) + 1  # tokens once this one is read
-            ahead = n < max_new_tokens and not (self.context_length and length + n >= self.context_length)
-            if ahead:
+            n = len(tokens) + 1  # tokens once this one is taken
+            more = n < max_new_tokens and not (self.context_length and length + n >= self.context_length)
+            if overlap and more:  # the next step, fed this token on the device, queued before it is read back
+                t = time.perf_counter()
                 (next_dev, next_read), next_past = self._run_argmax(token_dev, past, pos)
-                stats.host_ms.append(self._host)
-            token = np.where(done, self.pad_token_id, read().reshape(-1).astype(np.int64))
+                stats.host_ms.append((time.perf_counter() - t) * 1e3)
+            picked = (read().reshape(-1).astype(np.int64) if overlap
+                      else _pick(_last_logits(last), do_sample, temperature, top_k, top_p, rng))
+            token = np.where(done, self.pad_token_id, picked)
             tokens.append(token)
             done |= np.isin(token, list(eos))
             t1 = time.perf_counter()
@@ -458,22 +416,33 @@ class Generator:
             if callback is not None:
                 callback(len(tokens) - 1, token.copy())
             if done.all() and eos:
-                stats.stopped = "eos"  # the step queued ahead is dropped
+                stats.stopped = "eos"  # overlapped: the step queued ahead is dropped
                 break
-            if not ahead:
+            if not more:  # the sequence fills the context, or max_new_tokens are there
                 stats.stopped = "max_new_tokens" if n >= max_new_tokens else "context_length"
                 break
-            token_dev, read, past, pos = next_dev, next_read, next_past, pos + 1
+            if overlap:
+                token_dev, read, past = next_dev, next_read, next_past
+            else:
+                t0 = time.perf_counter()
+                last, past = self._run(token[:, None].astype(prompt.dtype), past, pos)
+                stats.host_ms.append((time.perf_counter() - t0) * 1e3)
+            pos += 1
         stats.new_tokens = len(tokens)
         stats.builds_total = self.model.cache_info()["builds"]
-        stats.builds = stats.builds_total - self._builds0
-        return _result(tokens, len(done), flat)
+        stats.builds = stats.builds_total - builds0
+        return _result(tokens, batch, flat)
 
     def _learn_cache_shape(self, presents: Mapping[str, Any]) -> None:
         """After the first run: the cache's head counts and sizes from what the model returned."""
         if any(c.heads is None or c.head_size is None for c in self.caches):
             self.caches = [_Cache(c.past, c.present, c.dtype, c.rank, presents[c.past].shape[1],
                                   presents[c.past].shape[3]) for c in self.caches]
+
+
+def _last_logits(logits: Any) -> np.ndarray:
+    """The last position's logits (batch, vocab) on the host, float32: what the host's pick reads."""
+    return np.asarray(logits.numpy() if hasattr(logits, "numpy") else logits)[:, -1].astype(np.float32)
 
 
 def argmax_model(model: Model, logits: str, dtype: np.dtype) -> onnx.ModelProto:
