@@ -45,6 +45,7 @@ def _give_back(total: list[int], size: int) -> None:
 
 class WgpuBackend(ComputeBackend):
     name, conv_residual, max_elements = "wgpu", True, 2**31 - 1  # i32 index math in the kernels
+    asynchronous = True  # a run returns once submitted
 
     def __init__(self, adapter: int | str | None = None, power_preference: str | None = None,
                  safe: bool = False, webgpu: str | None = None) -> None:
@@ -56,7 +57,7 @@ class WgpuBackend(ComputeBackend):
         self._bufs: dict[int, Any] = {}
         self._spare = encode.SpareBuffers()  # freed buffers kept for alloc(overwritten=True)
         self._holding = False  # inside held_submits()
-        self.asynchronous = True
+        self._read_pool: dict[int, list] = {}  # download_later's staging buffers by size, ready for another read
         self._pending = encode.Pending()  # small public-op replays waiting for one submit (flush() first)
         self._recycled: set[int] = set()  # live handles whose buffers go back to _spare when freed
         # Least recently used first; bounded by settings.PIPELINE_CACHE. Shaders are specialised per shape, so a model

@@ -42,7 +42,7 @@ def download_later(be: Any, view: View) -> Any:
     and given back to the pool by read()."""
     st = NUMPY_STORAGE[storage_type(view.dtype)]
     size = -(-view.size * st.itemsize // 4) * 4
-    pool = be.__dict__.setdefault("_read_pool", {}).setdefault(size, [])
+    pool = be._read_pool.setdefault(size, [])
     staging = pool.pop() if pool else be.device.create_buffer(
         size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
     be._submit_copies([Copy(be.buffer(view.handle), view.offset * st.itemsize, staging, 0, size)])

@@ -84,8 +84,7 @@ def sizes_writer(be: WgpuBackend, steps: list, grids: list[tuple[int, int, int]]
         moved.append(st._replace(grid=tuple(grid)))
 
     def write_sizes(values: list[np.ndarray]) -> None:
-        if be._pending.cbs:  # queue order: work held back (held_submits, public ops) goes before the writes
-            be.flush()
+        be.flush()  # queue order: work held back (held_submits, public ops) goes before the writes
         for (target, data, pointer, size), v in zip(targets, values, strict=True):
             data[:v.size] = v
             write(queue, target, 0, pointer, size)
