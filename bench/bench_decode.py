@@ -10,12 +10,12 @@ ember the mean and the slowest step after the first four, which include a live p
 ember the ms of a step whose plan exists already (the same length run again: the replay alone, what a shape-
 polymorphic plan would cost per step), the GPU time of that replay (wgpu), the same replay with the next command
 buffer encoded after the wait (EMBER_ENCODE_AHEAD=0) and per run of 20 replays queued before one readback (the GPU's
-pace rather than a round trip's), ember.Generator's median ms per token and host ms per step (its run calls, no
-wait) from a 32-token prompt (--steps new tokens) with the greedy pick on the host and overlapped (picked on the
-device, each step queued before the token before it is read back), the steps (kernels) a step records, the plans it
-built, and the growth of the process's RSS and of the backend's bytes from the fifth step to the last (the issue's
-memory target: flat over a 512-step decode, `--steps 512`, beyond the live plan's regrowths, which the bytes columns
-include).
+pace rather than a round trip's), ember.Generator's median ms per token, host ms per step (its run calls, no
+wait) and wait ms (the pick's wait for its logits or token) from a 32-token prompt (--steps new tokens) with the
+greedy pick on the host and overlapped (picked on the device, each step queued before the token before it is
+read back), the steps (kernels) a step records, the plans it built, and the growth of the process's RSS and of
+the backend's bytes from the fifth step to the last (the issue's memory target: flat over a 512-step decode,
+`--steps 512`, beyond the live plan's regrowths, which the bytes columns include).
 ember keeps the cache on the device (`keep_on_device=True`, presents fed back as pasts); torch runs the
 transformers model eagerly on CUDA with a DynamicCache; ort-cpu is ONNX Runtime's CPU provider on the same export.
 """
@@ -111,6 +111,7 @@ def ember_loop(cfg: decoders.Decoder, path: str, backend: str, precision: str, p
         st = gen.stats.as_dict()
         generated[f"generate ms/token{', overlapped' if overlap else ''}"] = st["median_step_ms"]
         generated[f"generate host ms{', overlapped' if overlap else ''}"] = st["median_host_ms"]
+        generated[f"generate wait ms{', overlapped' if overlap else ''}"] = st["median_wait_ms"]
     generated["generate tok/s, overlapped"] = 1e3 / generated["generate ms/token, overlapped"]
     # The first steps plan (three past lengths fit and verify a template); the rest are made from it.
     steady = times[4:] if steps > 8 else times[1:]

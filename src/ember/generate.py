@@ -50,6 +50,7 @@ class GenerationStats:
     prefill_ms: float = 0.0
     step_ms: list[float] = field(default_factory=list)
     host_ms: list[float] = field(default_factory=list)  # per decode step: the host's time submitting its runs
+    wait_ms: list[float] = field(default_factory=list)  # per token: the pick's wait for its logits or token
     builds: int = 0
     builds_total: int = 0
     stopped: str = ""  # "eos", "max_new_tokens" or "context_length"
@@ -69,6 +70,7 @@ class GenerationStats:
                 "ms_per_token": self.ms_per_token, "tokens_per_s": self.tokens_per_s,
                 "median_step_ms": float(np.median(self.step_ms)) if self.step_ms else None,
                 "median_host_ms": float(np.median(self.host_ms)) if self.host_ms else None,
+                "median_wait_ms": float(np.median(self.wait_ms)) if self.wait_ms else None,
                 "step_ms": list(self.step_ms), "builds": self.builds, "builds_total": self.builds_total,
                 "stopped": self.stopped}
 
@@ -402,8 +404,10 @@ class Generator:
                 t = time.perf_counter()
                 (next_dev, next_read), next_past = self._run_argmax(token_dev, past, pos)
                 stats.host_ms.append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
             picked = (read().reshape(-1).astype(np.int64) if overlap
                       else _pick(_last_logits(last), do_sample, temperature, top_k, top_p, rng))
+            stats.wait_ms.append((time.perf_counter() - t) * 1e3)
             token = np.where(done, self.pad_token_id, picked)
             tokens.append(token)
             done |= np.isin(token, list(eos))

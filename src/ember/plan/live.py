@@ -110,6 +110,8 @@ class LivePlan(Plan):
         self.template, self.v, self.capacity, self.moves = template, v, room, 0
         self._storage, self._calls, self._results, self._consts = storage, calls, results, sorted(consts)
         self._fast, self._sizes, self._bounds, self._structures = fast
+        self._write_sizes = backend.join_sizes_writers([w for _, w in self._fast.values()],
+                                                       [r for r, _ in self._fast.values()]) if self._fast else None
         self._bound_rows = np.array([row for row, _ in self._bounds], dtype=np.int64)
         self._bound_max = np.array([bound for _, bound in self._bounds], dtype=np.int64)
         # Per moving constant: its element's bytes and its buffer's, and its dtype (move checks and writes it).
@@ -274,9 +276,8 @@ class LivePlan(Plan):
         try:
             for i in self._consts:
                 self._write_const(be, calls.handles, i, point.consts[i][1], self._const_dtypes[i])
-            if sizes is not None:
-                for ranges, write in self._fast.values():
-                    write([sizes[lo:hi] for lo, hi in ranges])
+            if sizes is not None and self._write_sizes is not None:
+                self._write_sizes(sizes)
             for i in self._remake:
                 got = calls.make(i, point)
                 if tape.entries[i].kind == "steps":

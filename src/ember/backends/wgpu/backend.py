@@ -236,7 +236,7 @@ class WgpuBackend(ComputeBackend):
             return
         rt = self.rt
         try:
-            rt.libf.wgpuQueueSubmit(self.queue._internal, len(cbs), rt.ffi.new("WGPUCommandBuffer[]", cbs))
+            self._pending.submitted(encode.submit(rt.libf, self.queue, rt.ffi.new("WGPUCommandBuffer[]", cbs)))
         finally:
             for cb in cbs:
                 rt.lib.wgpuCommandBufferRelease(cb)
@@ -519,6 +519,9 @@ class WgpuBackend(ComputeBackend):
 
     def sizes_writer(self, steps: list, grids: list[tuple[int, int, int]]) -> tuple[list, Any]:
         return KERNELS["sizes_writer"](self, steps, grids)
+
+    def join_sizes_writers(self, writers: list, ranges: list[list[tuple[int, int]]]) -> Any:
+        return KERNELS["join_sizes_writers"](self, writers, ranges)
 
     def uniform_buffer(self, data: bytes) -> Any:
         """A small uniform buffer holding `data` (a dispatch's own: kept by it; program.sizes_buffer), writable

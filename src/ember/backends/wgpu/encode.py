@@ -145,6 +145,7 @@ class Pending:
         self.limit = limit
         self.cbs: list[Any] = []
         self.after: list[Any] = []  # called once the held buffers are submitted (WgpuBackend.after_submit)
+        self.last: int | None = None  # the queue's last submission index, where the runtime numbers them
         self._lock = threading.Lock()
 
     @classmethod
@@ -155,6 +156,10 @@ class Pending:
                 for d in seg:
                     total += d[2] * d[3] * d[4]
         return total <= cls.SMALL_WORKGROUPS
+
+    def submitted(self, index: int | None) -> None:
+        if index is not None:
+            self.last = index
 
     def add(self, queue: Any, cb: Any) -> None:
         with self._lock:
@@ -172,13 +177,24 @@ class Pending:
             return
         lib = _api(queue).lib
         try:  # bare, as replay_checked_before's: each of these ran once through the checked calls
-            lib.wgpuQueueSubmit(queue._internal, len(cbs), cbs)
+            self.submitted(submit(lib, queue, cbs))
         finally:
             for cb in cbs:
                 lib.wgpuCommandBufferRelease(cb)
         after, self.after = self.after, []
         for fn in after:
             fn()
+
+
+def submit(lib: Any, queue: Any, cbs: list) -> int | None:
+    """Submit raw command buffers through `lib` (a runtime's bare or checked cffi calls): the submission's index
+    where the runtime numbers submissions (wgpu-native: a readback then waits for that one, not for everything
+    queued after it), else None."""
+    for_index = getattr(lib, "wgpuQueueSubmitForIndex", None)
+    if for_index is not None:
+        return int(for_index(queue._internal, len(cbs), cbs))
+    lib.wgpuQueueSubmit(queue._internal, len(cbs), cbs)
+    return None
 
 
 def encode_copies(device: Any, copies: list[Copy] | tuple[Copy, ...]) -> Any:

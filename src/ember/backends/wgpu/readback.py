@@ -47,18 +47,26 @@ def download_later(be: Any, view: View) -> Any:
         size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
     be._submit_copies([Copy(be.buffer(view.handle), view.offset * st.itemsize, staging, 0, size)])
     started: list[Any] = []
+    index: list[int | None] = []
     if be.rt.map_early and not settings.WGPU_PY_ENCODE.get():
         # The map is asked for as soon as the copy is submitted (held_submits: when it ends): Dawn completes a map
         # after the work submitted before it was asked for, so asking at read() would wait for the next step too.
-        be.after_submit(lambda: started.append(be.rt.map_start(staging, size)))
+        be.after_submit(lambda: started.append(be.rt.map_start(staging, size, be.queue)))
+    else:  # asked for at read(), waited for up to the copy's submission (where the runtime numbers them)
+        be.after_submit(lambda: index.append(be._pending.last))
     done: list[np.ndarray] = []
 
     def read() -> np.ndarray:
         if not done:  # once: the staging buffer is the pool's again after the first read
             try:
                 be.flush()
-                data = (be.rt.map_finish(be.device, staging, size, started[0], spin_s(be)) if started
-                        else map_read(be, staging, size))
+                if started:
+                    data = be.rt.map_finish(be.device, staging, size, started[0], spin_s(be))
+                elif settings.WGPU_PY_ENCODE.get():
+                    data = map_read(be, staging, size)
+                else:
+                    data = be.rt.map_finish(be.device, staging, size, be.rt.map_start(staging, size), spin_s(be),
+                                            index[0] if index else None)
                 raw = np.frombuffer(data, st)[: view.size].copy()
             finally:
                 if len(pool) < 4:

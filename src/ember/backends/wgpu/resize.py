@@ -66,27 +66,81 @@ def probe_sizes(be: WgpuBackend, method: str, args: tuple, kwargs: dict) -> tupl
     return structure, [st.keep[0].values for st in steps], [st.grid for st in steps]
 
 
-@kernel("sizes_writer")
-def sizes_writer(be: WgpuBackend, steps: list, grids: list[tuple[int, int, int]]
-                 ) -> tuple[list, Callable[[list[np.ndarray]], None]]:
-    """(the steps with these grids, a function writing one int32 array per dispatch into its uniform buffer)."""
-    # The bare call, not wgpu-py's error-capturing wrapper (~1-3 µs each, a decode step writes one per moving
-    # dispatch): every write lands inside a live uniform buffer of the plan's own, made here with its size; what
-    # could still fail is a lost device, which the run's checked pass end / finish / submit then raise.
-    ffi, write, queue = be.rt.ffi, be.rt.lib.wgpuQueueWriteBuffer, be.queue._internal
-    targets, moved = [], []
-    for st, grid in zip(steps, grids, strict=True):
-        uniform = [b for b in st.keep if b.usage & wgpu.BufferUsage.UNIFORM]
-        if type(st) is not Dispatch or len(uniform) != 1:
-            raise ValueError(f"sizes_writer: step {st!r} was not recorded with runtime sizes")
-        data = np.zeros(uniform[0].size // 4, np.int32)  # the words written; the queue copies them at once
-        targets.append((uniform[0]._internal, data, ffi.from_buffer(data), uniform[0].size))
-        moved.append(st._replace(grid=tuple(grid)))
+class SizesWriter:
+    """Writes new int32 values into the uniform buffers of recorded dispatches (wgpuQueueWriteBuffer: ordered after
+    the work already submitted, before the next submit). The bare call, not wgpu-py's error-capturing wrapper
+    (~1-3 µs each, a decode step writes one per moving dispatch): every write lands inside a live uniform buffer
+    of the plan's own, made with its size; what could still fail is a lost device, which the run's checked pass
+    end / finish / submit then raise."""
 
-    def write_sizes(values: list[np.ndarray]) -> None:
+    def __init__(self, be: WgpuBackend, uniforms: list[Any]) -> None:
+        self.be = be
+        self.uniforms = uniforms
+        self.words = [u.size // 4 for u in uniforms]
+        self.arena = np.zeros(sum(self.words), np.int32)  # every target's words, the queue copies them at once
+        self._set(self.arena)
+
+    def _set(self, arena: np.ndarray) -> None:
+        ffi = self.be.rt.ffi
+        base = ffi.cast("char *", ffi.from_buffer(arena))
+        self._keep = arena
+        self.targets, at = [], 0
+        for u, n in zip(self.uniforms, self.words, strict=True):
+            self.targets.append((u._internal, base + 4 * at, 4 * n, at))
+            at += n
+
+    def __call__(self, values: list[np.ndarray]) -> None:
+        """One int32 array a dispatch (at most its uniform's words), in the steps' order."""
+        for (_, _, _, at), v in zip(self.targets, values, strict=True):
+            self.arena[at:at + v.size] = v
+        self.flush_writes()
+
+    def flush_writes(self) -> None:
+        be = self.be
         be.flush()  # queue order: work held back (held_submits, public ops) goes before the writes
-        for (target, data, pointer, size), v in zip(targets, values, strict=True):
-            data[:v.size] = v
+        write, queue = be.rt.lib.wgpuQueueWriteBuffer, be.queue._internal
+        for target, pointer, size, _ in self.targets:
             write(queue, target, 0, pointer, size)
 
-    return moved, write_sizes
+
+class JoinedWriter:
+    """Several SizesWriters written from one vector of sizes: one scatter into one arena, then the writes."""
+
+    def __init__(self, be: WgpuBackend, writers: list[SizesWriter], ranges: list[list[tuple[int, int]]]) -> None:
+        uniforms = [u for w in writers for u in w.uniforms]
+        self.writer = SizesWriter(be, uniforms)
+        dst, src = [], []
+        offsets = [t[3] for t in self.writer.targets]
+        k = 0
+        for w, rs in zip(writers, ranges, strict=True):
+            for (lo, hi), n in zip(rs, w.words, strict=True):
+                if hi - lo > n:
+                    raise ValueError(f"sizes_writer: {hi - lo} values for a uniform of {n} words")
+                dst.extend(range(offsets[k], offsets[k] + hi - lo))
+                src.extend(range(lo, hi))
+                k += 1
+        self.dst = np.array(dst, np.intp)
+        self.src = np.array(src, np.intp)
+
+    def __call__(self, sizes: np.ndarray) -> None:
+        self.writer.arena[self.dst] = sizes[self.src]
+        self.writer.flush_writes()
+
+
+@kernel("sizes_writer")
+def sizes_writer(be: WgpuBackend, steps: list, grids: list[tuple[int, int, int]]) -> tuple[list, SizesWriter]:
+    """(the steps with these grids, a SizesWriter for their uniform buffers: one int32 array a dispatch)."""
+    uniforms, moved = [], []
+    for st, grid in zip(steps, grids, strict=True):
+        uniform = [b for b in st.keep if b.usage & wgpu.BufferUsage.UNIFORM] if type(st) is Dispatch else []
+        if len(uniform) != 1:
+            raise ValueError(f"sizes_writer: step {st!r} was not recorded with runtime sizes")
+        uniforms.append(uniform[0])
+        moved.append(st._replace(grid=tuple(grid)))
+    return moved, SizesWriter(be, uniforms)
+
+
+@kernel("join_sizes_writers")
+def join_sizes_writers(be: WgpuBackend, writers: list[SizesWriter],
+                       ranges: list[list[tuple[int, int]]]) -> Callable[[np.ndarray], None]:
+    return JoinedWriter(be, writers, ranges)

@@ -90,10 +90,10 @@ class Runtime:
         before blocking in the driver."""
         return self.map_finish(device, buf, size, self.map_start(buf, size), spin_s)
 
-    def map_start(self, buf: Any, size: int) -> tuple[Any, Any]:
+    def map_start(self, buf: Any, size: int, queue: Any = None) -> tuple[Any, Any]:
         """Ask for `buf` to be mapped for reading: (its status cell, its future) for map_finish. Dawn maps once the
         work submitted before this call has run, so a read started before the next run's submit does not wait for
-        that run."""
+        that run; `queue`: more work will be submitted before the wait (Dawn: see there)."""
         lib, ffi = self.lib, self.ffi
         cell = ffi.new("int[1]")
         info = ffi.new("WGPUBufferMapCallbackInfo *")
@@ -102,13 +102,15 @@ class Runtime:
         info.userdata1 = cell
         return cell, lib.wgpuBufferMapAsync(buf._internal, lib.WGPUMapMode_Read, 0, size, info[0])
 
-    def map_finish(self, device: Any, buf: Any, size: int, started: tuple[Any, Any], spin_s: float) -> bytes:
-        """map_start's map waited for (spinning `spin_s` seconds before blocking), read and unmapped."""
+    def map_finish(self, device: Any, buf: Any, size: int, started: tuple[Any, Any], spin_s: float,
+                   index: int | None = None) -> bytes:
+        """map_start's map waited for (spinning `spin_s` seconds before blocking), read and unmapped; `index`: the
+        submission that wrote the buffer, where the runtime numbers them (a wait need not outlast it)."""
         lib, ffi = self.lib, self.ffi
         cell, future = started
         deadline = time.perf_counter() + spin_s
         while cell[0] == 0:  # the callback may also run on wgpu-py's poll thread: wait until it has
-            self.wait(device, future, time.perf_counter() >= deadline)
+            self.wait(device, future, time.perf_counter() >= deadline, index)
         if cell[0] != lib.WGPUMapAsyncStatus_Success:
             raise RuntimeError(f"{self.name}: mapping a readback buffer failed (status {cell[0]})")
         raw = buf._internal
@@ -117,7 +119,7 @@ class Runtime:
         finally:
             lib.wgpuBufferUnmap(raw)
 
-    def wait(self, device: Any, future: Any, block: bool) -> None:
+    def wait(self, device: Any, future: Any, block: bool, index: int | None = None) -> None:
         raise NotImplementedError
 
     def timestamp_period(self, queue: Any) -> float:
@@ -154,8 +156,10 @@ class WgpuNative(Runtime):
             raise RuntimeError(f"wgpu: trusted shader module creation failed for kernel {label!r}")
         return api.GPUShaderModule(label, module_id, device)
 
-    def wait(self, device: Any, future: Any, block: bool) -> None:
-        self.lib.wgpuDevicePoll(device._internal, 1 if block else 0, self.null)
+    def wait(self, device: Any, future: Any, block: bool, index: int | None = None) -> None:
+        # A blocking poll without an index waits for everything submitted: a decode's next step too.
+        at = self.null if index is None else self.ffi.new("WGPUSubmissionIndex *", index)
+        self.lib.wgpuDevicePoll(device._internal, 1 if block else 0, at)
 
     def timestamp_period(self, queue: Any) -> float:
         return float(self.lib.wgpuQueueGetTimestampPeriod(queue._internal))
@@ -204,7 +208,15 @@ class Dawn(Runtime):
         return tuple(MatrixConfig(str(c["component_type"]), str(c["result_component_type"]), int(c["m"]), int(c["n"]),
                                   int(c["k"])) for c in found)
 
-    def wait(self, device: Any, future: Any, block: bool) -> None:
+    def map_start(self, buf: Any, size: int, queue: Any = None) -> tuple[Any, Any]:
+        started = super().map_start(buf, size)
+        if queue is not None:
+            # Dawn records the map's own commands into the next submit and completes the map after it: an empty
+            # submit now makes that the copy's, not the next decode step's (which the read would then wait for).
+            self.lib.wgpuQueueSubmit(queue._internal, 0, self.ffi.NULL)
+        return started
+
+    def wait(self, device: Any, future: Any, block: bool, index: int | None = None) -> None:
         instance = self.api.get_wgpu_instance()
         if not block:
             self.lib.wgpuInstanceProcessEvents(instance)
