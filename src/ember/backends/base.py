@@ -75,14 +75,15 @@ class ComputeBackend(PublicOps, ABC):
         """(`steps`, recorded with runtime sizes, with these grids; a function writing new uniform values into them)."""
         raise NotImplementedError(f"{self.name} backend: no runtime sizes")
 
-    def join_sizes_writers(self, writers: list, ranges: list[list[tuple[int, int]]]) -> Callable[[Any], None]:
-        """One function writing a whole vector of sizes through several sizes_writer functions: writer k takes the
-        rows ranges[k] (one (lo, hi) per dispatch)."""
+    def join_sizes_writers(self, steps: list[list], writers: list, ranges: list[list[tuple[int, int]]]
+                           ) -> tuple[list[list], Callable[[Any], None]]:
+        """Several sizes_writer results as one: (their steps, maybe recorded anew, one list per writer; a function
+        writing a whole vector of sizes, writer k's dispatches taking the rows ranges[k], one (lo, hi) each)."""
         def write(sizes: Any) -> None:
             for w, rs in zip(writers, ranges, strict=True):
                 w([sizes[lo:hi] for lo, hi in rs])
 
-        return write
+        return steps, write
 
     def __init__(self) -> None:
         self._initialized = False

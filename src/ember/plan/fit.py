@@ -210,6 +210,8 @@ class Template:
                 self.consts[i] = ("p", link)
                 wanted.add(link if isinstance(link, str) else link[0])
         self._recomputed = [i for i, c in self.consts.items() if c[0] == "p"]
+        self._recomputed_items = [(i, self.consts[i]) for i in self._recomputed]  # what a point with `only` makes
+        self._const_dtype = {i: np.dtype(self.tape.entries[i].skeleton[0]) for i in self._recomputed}
         self.program = self._program(tapes, wanted) if wanted else []
         self._static_steps: list[Callable[[dict, int], None]] = []
         self._moving_steps: list[Callable[[dict, int], None]] = []
@@ -295,12 +297,11 @@ class Template:
         io = self._io.at(v)
         values = self._run_program(v) if self.program else {}
         consts = {}
-        for i, c in self.consts.items():
+        for i, c in self.consts.items() if only is None else self._recomputed_items:
             if c[0] == "c":
-                if only is None:
-                    consts[i] = (c[1], c[2])
+                consts[i] = (c[1], c[2])
                 continue
-            dtype = np.dtype(self.tape.entries[i].skeleton[0])
+            dtype = self._const_dtype[i]
             if isinstance(c[1], str):
                 value = values[c[1]]
             else:  # precision="f16"'s copy, saturated as the planner's is

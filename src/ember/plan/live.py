@@ -96,6 +96,7 @@ class LivePlan(Plan):
                 self._write_const(backend, handles, i, point.consts[i][1], entries[i].skeleton[0])
             fast = (self._refit(like, template, v, room, backend, calls, results) if like is not None else None) \
                 or self._resizable(template, v, room, backend, calls, results, moving)
+            write_sizes = self._join(backend, fast, results, v)
             steps, labels = ordered_steps(tape, results)
             inputs, outputs = calls.io(point)
             rooms = (like._needs, like._need_refs) if like is not None and like._needs is not None else \
@@ -110,8 +111,7 @@ class LivePlan(Plan):
         self.template, self.v, self.capacity, self.moves = template, v, room, 0
         self._storage, self._calls, self._results, self._consts = storage, calls, results, sorted(consts)
         self._fast, self._sizes, self._bounds, self._structures = fast
-        self._write_sizes = backend.join_sizes_writers([w for _, w in self._fast.values()],
-                                                       [r for r, _ in self._fast.values()]) if self._fast else None
+        self._write_sizes = write_sizes
         self._bound_rows = np.array([row for row, _ in self._bounds], dtype=np.int64)
         self._bound_max = np.array([bound for _, bound in self._bounds], dtype=np.int64)
         # Per moving constant: its element's bytes and its buffer's, and its dtype (move checks and writes it).
@@ -125,6 +125,21 @@ class LivePlan(Plan):
         # What a move needs of the template's point: its questions, remade calls, moving constants and io.
         self._wanted = set(template.ask) | set(self._remake) | set(self._consts)
         self.stats["plan.source"] = "template"
+
+    @staticmethod
+    def _join(backend: ComputeBackend, fast: tuple, results: dict[int, list], v: int) -> Any:
+        """The resizable calls' writers as one (join_sizes_writers: their steps may be recorded anew, into
+        `results`), given the values at v: None where there are none."""
+        entries, numbers = fast[0], fast[1]
+        if not entries or numbers is None:
+            return None
+        keys = list(entries)
+        steps, write = backend.join_sizes_writers([results[i] for i in keys], [entries[i][1] for i in keys],
+                                                  [entries[i][0] for i in keys])
+        for i, got in zip(keys, steps, strict=True):
+            results[i] = got
+        write(numbers.at(v))
+        return write
 
     def _probe_points(self, template: Template, v: int, room: int) -> list[int]:
         """Values of the dim to fit runtime sizes through, consecutive from v, and one to check the fit at (the

@@ -379,7 +379,7 @@ class WgpuBackend(ComputeBackend):
         group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
         if max(grid) > WORKGROUPS_PER_DIM:
             raise AssertionError(f"kernel {label!r}: grid {grid} exceeds 65,535 workgroups per dimension")
-        return Dispatch(pipeline, group, grid, label, tuple(keep))
+        return Dispatch(pipeline, group, grid, label, tuple(keep), tuple(entries))
 
     def record_copy(self, src: int, dst: int, nbytes: int) -> list:
         size = -(-nbytes // 4) * 4  # copy sizes must be multiples of 4; buffers are padded to 16
@@ -520,8 +520,8 @@ class WgpuBackend(ComputeBackend):
     def sizes_writer(self, steps: list, grids: list[tuple[int, int, int]]) -> tuple[list, Any]:
         return KERNELS["sizes_writer"](self, steps, grids)
 
-    def join_sizes_writers(self, writers: list, ranges: list[list[tuple[int, int]]]) -> Any:
-        return KERNELS["join_sizes_writers"](self, writers, ranges)
+    def join_sizes_writers(self, steps: list[list], writers: list, ranges: list[list[tuple[int, int]]]) -> tuple:
+        return KERNELS["join_sizes_writers"](self, steps, writers, ranges)
 
     def uniform_buffer(self, data: bytes) -> Any:
         """A small uniform buffer holding `data` (a dispatch's own: kept by it; program.sizes_buffer), writable

@@ -35,6 +35,7 @@ class Dispatch(NamedTuple):
     # GPUBuffers bound directly (a kernel's scratch): a bind group keeps the native buffer alive but not wgpu-py's
     # object, and backend.scratch shares a buffer only while some recorded step holds that object.
     keep: tuple = ()
+    entries: tuple = ()  # the bind group's entries (resize.py binds a moved dispatch's sizes elsewhere)
 
 
 class Copy(NamedTuple):

@@ -103,28 +103,55 @@ class SizesWriter:
             write(queue, target, 0, pointer, size)
 
 
-class JoinedWriter:
-    """Several SizesWriters written from one vector of sizes: one scatter into one arena, then the writes."""
+class Arena:
+    """The sizes of a live plan's moving dispatches in one uniform buffer, each dispatch's at an offset of its own
+    (its bind group made again to bind there), so a move writes them all with one wgpuQueueWriteBuffer: one
+    scatter of the sizes vector into the host copy, one write."""
 
-    def __init__(self, be: WgpuBackend, writers: list[SizesWriter], ranges: list[list[tuple[int, int]]]) -> None:
+    def __init__(self, be: WgpuBackend, steps: list[list], writers: list[SizesWriter],
+                 ranges: list[list[tuple[int, int]]]) -> None:
+        align = int(be.limits.get("min-uniform-buffer-offset-alignment", 256))
         uniforms = [u for w in writers for u in w.uniforms]
-        self.writer = SizesWriter(be, uniforms)
+        slots = [-(-u.size // align) * align for u in uniforms]
+        offsets = np.cumsum([0, *slots])
+        self.nbytes = int(offsets[-1])
+        self.buffer = be.device.create_buffer(size=max(self.nbytes, 16),
+                                              usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        self.host = np.zeros(self.nbytes // 4, np.int32)
         dst, src = [], []
-        offsets = [t[3] for t in self.writer.targets]
+        self.steps: list[list] = []
         k = 0
-        for w, rs in zip(writers, ranges, strict=True):
-            for (lo, hi), n in zip(rs, w.words, strict=True):
-                if hi - lo > n:
-                    raise ValueError(f"sizes_writer: {hi - lo} values for a uniform of {n} words")
-                dst.extend(range(offsets[k], offsets[k] + hi - lo))
+        for rs, moved in zip(ranges, steps, strict=True):
+            out = []
+            for (lo, hi), st in zip(rs, moved, strict=True):
+                u, at = uniforms[k], int(offsets[k])
+                if hi - lo > u.size // 4:
+                    raise ValueError(f"sizes_writer: {hi - lo} values for a uniform of {u.size // 4} words")
+                dst.extend(range(at // 4, at // 4 + hi - lo))
                 src.extend(range(lo, hi))
+                out.append(self._rebind(be, st, u, at))
                 k += 1
+            self.steps.append(out)
         self.dst = np.array(dst, np.intp)
         self.src = np.array(src, np.intp)
+        self.be = be
+        self._pointer = be.rt.ffi.from_buffer(self.host)
+
+    def _rebind(self, be: WgpuBackend, st: Dispatch, uniform: Any, offset: int) -> Dispatch:
+        entries = [{"binding": e["binding"], "resource": {**e["resource"], "buffer": self.buffer, "offset": offset}}
+                   if e["resource"]["buffer"] is uniform else e for e in st.entries]
+        if len(st.entries) == 0 or entries == list(st.entries):
+            raise ValueError(f"sizes_writer: dispatch {st.label!r} binds no uniform of its own")
+        group = be.device.create_bind_group(layout=st.pipeline.get_bind_group_layout(0), entries=entries)
+        keep = tuple(b for b in st.keep if b is not uniform) + (self.buffer,)
+        return st._replace(bind_group=group, keep=keep, entries=tuple(entries))
 
     def __call__(self, sizes: np.ndarray) -> None:
-        self.writer.arena[self.dst] = sizes[self.src]
-        self.writer.flush_writes()
+        self.host[self.dst] = sizes[self.src]
+        be = self.be
+        be.flush()  # queue order: work held back (held_submits, public ops) goes before the write
+        # The bare call (SizesWriter says why).
+        be.rt.lib.wgpuQueueWriteBuffer(be.queue._internal, self.buffer._internal, 0, self._pointer, self.nbytes)
 
 
 @kernel("sizes_writer")
@@ -141,6 +168,8 @@ def sizes_writer(be: WgpuBackend, steps: list, grids: list[tuple[int, int, int]]
 
 
 @kernel("join_sizes_writers")
-def join_sizes_writers(be: WgpuBackend, writers: list[SizesWriter],
-                       ranges: list[list[tuple[int, int]]]) -> Callable[[np.ndarray], None]:
-    return JoinedWriter(be, writers, ranges)
+def join_sizes_writers(be: WgpuBackend, steps: list[list], writers: list[SizesWriter],
+                       ranges: list[list[tuple[int, int]]]) -> tuple[list[list], Callable[[np.ndarray], None]]:
+    """base.join_sizes_writers: the steps bound to one Arena of sizes, and the Arena's write."""
+    arena = Arena(be, steps, writers, ranges)
+    return arena.steps, arena
