@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+import wgpu
 
 from ember.backends.base import View
 from ember.backends.wgpu.shader import tiles
@@ -302,3 +303,43 @@ def test_attention_query_length_at_run_time_is_one_pipeline(gpu) -> None:
         got, want = _encoder_attention(gpu, seq, True, True)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert gpu.pipelines_created == before
+
+
+def test_joined_sizes_arena_moves_two_kernels_with_one_write(gpu) -> None:
+    """join_sizes_writers re-binds the moving dispatches to one uniform arena: kernels recorded at one length, then
+    given another length's sizes (probed) and grids through the arena, compute what kernels recorded there do."""
+    f32 = np.dtype(np.float32)
+    big, small = 40, 13  # buffers sized for the larger length; recorded at the larger, moved to the smaller
+    rng = np.random.default_rng(3)
+    row = big + 1  # strided rows at every length: the same kernels (a contiguous view would merge its dims)
+    a = rng.standard_normal((3, row)).astype(np.float32)
+    ha, hb, hc = upload(gpu, a), poisoned(gpu, 3 * row), poisoned(gpu, 3 * row)
+
+    def calls(length: int) -> list[tuple]:
+        va = View(ha, f32, (3, length), (row, 1), 0)
+        vb = View(hb, f32, (3, length), (row, 1), 0)
+        vc = View(hc, f32, (3, length), (row, 1), 0)
+        return [(call("mul", inp(0), inp(0)), [va], vb), (call("add", inp(0), inp(1)), [vb, va], vc)]
+
+    steps, writers, ranges, rows = [], [], [], []
+    for (expr, ins, out), (expr2, ins2, out2) in zip(calls(big), calls(small), strict=True):
+        recorded = gpu.record_elementwise(expr, ins, out, runtime_sizes=True)
+        structure, values, grids = gpu.probe_sizes("record_elementwise", (expr2, ins2, out2), {})
+        assert structure == gpu.probe_sizes("record_elementwise", (expr, ins, out), {})[0]
+        moved, writer = gpu.sizes_writer(recorded, grids)
+        steps.append(moved)
+        writers.append(writer)
+        ranges.append([(len(rows) + sum(len(v) for v in values[:d]), len(rows) + sum(len(v) for v in values[:d + 1]))
+                       for d in range(len(values))])
+        rows += [int(x) for v in values for x in v]
+    steps, write = gpu.join_sizes_writers(steps, writers, ranges)
+    uniforms = {id(b) for moved in steps for st in moved for b in st.keep if b.usage & wgpu.BufferUsage.UNIFORM}
+    assert len(uniforms) == 1  # every moved dispatch binds the one arena
+    write(np.array(rows, np.int64))
+    gpu.execute([st for moved in steps for st in moved])
+    got = download(gpu, hc, (3, row))
+    want = a[:, :small] * a[:, :small] + a[:, :small]
+    np.testing.assert_allclose(got[:, :small], want, rtol=1e-6, atol=1e-6)
+    assert np.isnan(got[:, small:]).all()  # the moved kernels cover the smaller length only
+    for h in (ha, hb, hc):
+        gpu.free(h)

@@ -432,13 +432,9 @@ class WgpuBackend(ComputeBackend):
 
     def execute_prepared(self, prepared: Replay | list, before: list | tuple = (),
                          after: list | tuple = ()) -> None:
-        """One command buffer, one submit: execute() without wgpu-py's wrapper objects and descriptors.
-
-        The submitted buffer was encoded at the end of the previous run when there was one; right after the
-        submit the next run's buffer is encoded, while the GPU executes this one, so a steady stream of runs
-        pays no encoding time on the critical path (WebGPU command buffers are single-use, so each run needs
-        its own; one encoded early is valid as long as it is submitted after this run's input writes).
-        """
+        """One submit: execute() without wgpu-py's wrappers. The buffer was encoded right after the previous run's
+        submit, while the GPU ran it, so a stream of runs pays no encoding on the critical path (command buffers
+        are single-use; one encoded early is valid if submitted after this run's input writes)."""
         if type(prepared) is not Replay:
             self.execute([*before, *prepared, *after])
             return
@@ -447,6 +443,13 @@ class WgpuBackend(ComputeBackend):
         extra = before or after
         if extra and not all(type(st) is Copy for st in (*before, *after)):
             self.execute([*before, *prepared.steps, *after])
+            return
+        if self._holding and extra:
+            # Held (a decode step): encoding overlaps the device's work anyway: one command buffer, none ahead.
+            while prepared.ahead:
+                self.rt.lib.wgpuCommandBufferRelease(prepared.ahead.pop())
+            self._submit([encode.encode_replay(self.device, prepared, before=before, after=after)])
+            self.dispatches += len(prepared.steps)
             return
         cb = prepared.ahead.pop() if prepared.ahead else self.encode_prepared(prepared)
         # This run's copies (device-array feeds in, outputs out) get command buffers of their own, submitted with
@@ -524,8 +527,7 @@ class WgpuBackend(ComputeBackend):
         return KERNELS["join_sizes_writers"](self, steps, writers, ranges)
 
     def uniform_buffer(self, data: bytes) -> Any:
-        """A small uniform buffer holding `data` (a dispatch's own: kept by it; program.sizes_buffer), writable
-        by the queue (a live plan's move: resize.py)."""
+        """A small uniform buffer holding `data`, a dispatch's own (program.sizes_buffer); resize.py may re-bind it."""
         usage = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
         return self.device.create_buffer_with_data(data=data, usage=usage)
 

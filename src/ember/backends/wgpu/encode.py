@@ -70,9 +70,11 @@ def encode_steps(encoder: Any, steps: list, raw: bool) -> None:
         cpass.end()
 
 
-def encode_replay(device: Any, replay: Replay, checked: bool = True) -> Any:
-    """`replay` in a new raw command buffer; `checked`: pass end and finish through wgpu-py's wrappers, which
-    raise the validation errors the runtime reports there (else they are only logged: replay_checked_before)."""
+def encode_replay(device: Any, replay: Replay, checked: bool = True, before: list | tuple = (),
+                  after: list | tuple = ()) -> Any:
+    """`replay` in a new raw command buffer, between the copies `before` and `after`; `checked`: pass end and
+    finish through wgpu-py's wrappers, which raise the validation errors the runtime reports there (else they are
+    only logged: replay_checked_before)."""
     api = _api(device)
     lib, null = api.lib, api.ffi.NULL
     libf = api.libf if checked else lib
@@ -80,6 +82,7 @@ def encode_replay(device: Any, replay: Replay, checked: bool = True) -> Any:
                                          lib.wgpuComputePassEncoderDispatchWorkgroups)
     encoder = lib.wgpuDeviceCreateCommandEncoder(device._internal, null)
     try:
+        _copies(lib, encoder, before)
         for seg in replay.segments:
             if type(seg) is tuple:
                 lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, *seg)
@@ -95,9 +98,16 @@ def encode_replay(device: Any, replay: Replay, checked: bool = True) -> Any:
                 libf.wgpuComputePassEncoderEnd(cpass)
             finally:
                 lib.wgpuComputePassEncoderRelease(cpass)
+        _copies(lib, encoder, after)
         return libf.wgpuCommandEncoderFinish(encoder, null)
     finally:
         lib.wgpuCommandEncoderRelease(encoder)
+
+
+def _copies(lib: Any, encoder: Any, copies: list | tuple) -> None:
+    for st in copies:
+        lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, st.src._internal, st.src_offset, st.dst._internal,
+                                                 st.dst_offset, st.size)
 
 
 def replay_checked_before(device: Any, queue: Any, replay: Replay, pending: Pending) -> None:
@@ -203,9 +213,7 @@ def encode_copies(device: Any, copies: list[Copy] | tuple[Copy, ...]) -> Any:
     lib, null = api.lib, api.ffi.NULL
     encoder = lib.wgpuDeviceCreateCommandEncoder(device._internal, null)
     try:
-        for st in copies:
-            lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, st.src._internal, st.src_offset, st.dst._internal,
-                                                     st.dst_offset, st.size)
+        _copies(lib, encoder, copies)
         return api.libf.wgpuCommandEncoderFinish(encoder, null)
     finally:
         lib.wgpuCommandEncoderRelease(encoder)
