@@ -71,8 +71,9 @@ class ComputeBackend(PublicOps, ABC):
         to the op's decomposition), or None. A traced build asks before taping a record call it does not make."""
         return None
 
-    def sizes_writer(self, steps: list, grids: list[tuple[int, int, int]]) -> tuple[list, Callable[[list], None]]:
-        """(`steps`, recorded with runtime sizes, with these grids; a function writing new uniform values into them)."""
+    def sizes_writer(self, steps: list, grids: list[tuple[int, int, int]]) -> tuple[list, Any]:
+        """(`steps`, recorded with runtime sizes, with these grids; their writer, for join_sizes_writers: here a
+        function taking one array of new uniform values a dispatch)."""
         raise NotImplementedError(f"{self.name} backend: no runtime sizes")
 
     def join_sizes_writers(self, steps: list[list], writers: list, ranges: list[list[tuple[int, int]]]

@@ -49,8 +49,8 @@ def download_later(be: Any, view: View) -> Any:
     started: list[Any] = []
     index: list[int | None] = []
     if be.rt.map_early and not settings.WGPU_PY_ENCODE.get():
-        # The map is asked for as soon as the copy is submitted (held_submits: when it ends): Dawn completes a map
-        # after the work submitted before it was asked for, so asking at read() would wait for the next step too.
+        # The map is asked for as soon as the copy is submitted (held_submits: when it ends): asked at read(), after
+        # the next step's submit, Dawn would complete it only once that step has run too.
         be.after_submit(lambda: started.append(be.rt.map_start(staging, size, be.queue)))
     else:  # asked for at read(), waited for up to the copy's submission (where the runtime numbers them)
         be.after_submit(lambda: index.append(be._pending.last))

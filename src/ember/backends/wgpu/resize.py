@@ -4,8 +4,8 @@
 device: pipelines are their WGSL source, bind groups the slots they would bind, uniform buffers the int32s they
 would hold. Two calls on the same buffers whose probes have the same structure (same sources and slots) record
 the same dispatches, apart from the uniform values and grids. `sizes_writer` gives recorded dispatches
-other grids and a function writing new values into their uniform buffers (wgpuQueueWriteBuffer: ordered after
-the work already submitted, before the next submit).
+other grids, and `join_sizes_writers` binds a plan's moving dispatches to one uniform Arena that a move writes at
+once (wgpuQueueWriteBuffer: ordered after the work already submitted, before the next submit).
 """
 
 from __future__ import annotations
@@ -67,40 +67,20 @@ def probe_sizes(be: WgpuBackend, method: str, args: tuple, kwargs: dict) -> tupl
 
 
 class SizesWriter:
-    """Writes new int32 values into the uniform buffers of recorded dispatches (wgpuQueueWriteBuffer: ordered after
-    the work already submitted, before the next submit). The bare call, not wgpu-py's error-capturing wrapper
-    (~1-3 µs each, a decode step writes one per moving dispatch): every write lands inside a live uniform buffer
-    of the plan's own, made with its size; what could still fail is a lost device, which the run's checked pass
-    end / finish / submit then raise."""
+    """The uniform buffers of recorded dispatches whose sizes move (sizes_writer), one a dispatch in the steps'
+    order: what join_sizes_writers binds to an Arena. Called with one int32 array a dispatch, it writes them into
+    those buffers one by one (a live plan writes its Arena instead)."""
 
     def __init__(self, be: WgpuBackend, uniforms: list[Any]) -> None:
-        self.be = be
-        self.uniforms = uniforms
-        self.words = [u.size // 4 for u in uniforms]
-        self.arena = np.zeros(sum(self.words), np.int32)  # every target's words, the queue copies them at once
-        self._set(self.arena)
-
-    def _set(self, arena: np.ndarray) -> None:
-        ffi = self.be.rt.ffi
-        base = ffi.cast("char *", ffi.from_buffer(arena))
-        self._keep = arena
-        self.targets, at = [], 0
-        for u, n in zip(self.uniforms, self.words, strict=True):
-            self.targets.append((u._internal, base + 4 * at, 4 * n, at))
-            at += n
+        self.be, self.uniforms = be, uniforms
 
     def __call__(self, values: list[np.ndarray]) -> None:
-        """One int32 array a dispatch (at most its uniform's words), in the steps' order."""
-        for (_, _, _, at), v in zip(self.targets, values, strict=True):
-            self.arena[at:at + v.size] = v
-        self.flush_writes()
-
-    def flush_writes(self) -> None:
         be = self.be
         be.flush()  # queue order: work held back (held_submits, public ops) goes before the writes
-        write, queue = be.rt.lib.wgpuQueueWriteBuffer, be.queue._internal
-        for target, pointer, size, _ in self.targets:
-            write(queue, target, 0, pointer, size)
+        for u, v in zip(self.uniforms, values, strict=True):
+            data = np.zeros(u.size // 4, np.int32)
+            data[:v.size] = v
+            be.queue.write_buffer(u, 0, data)
 
 
 class Arena:
@@ -150,13 +130,14 @@ class Arena:
         self.host[self.dst] = sizes[self.src]
         be = self.be
         be.flush()  # queue order: work held back (held_submits, public ops) goes before the write
-        # The bare call (SizesWriter says why).
+        # The bare call, not wgpu-py's error-capturing wrapper: the write lands inside the arena, made here with its
+        # size; what could still fail is a lost device, which the run's checked pass end / finish / submit raise.
         be.rt.lib.wgpuQueueWriteBuffer(be.queue._internal, self.buffer._internal, 0, self._pointer, self.nbytes)
 
 
 @kernel("sizes_writer")
 def sizes_writer(be: WgpuBackend, steps: list, grids: list[tuple[int, int, int]]) -> tuple[list, SizesWriter]:
-    """(the steps with these grids, a SizesWriter for their uniform buffers: one int32 array a dispatch)."""
+    """(the steps with these grids, a SizesWriter naming their uniform buffers)."""
     uniforms, moved = [], []
     for st, grid in zip(steps, grids, strict=True):
         uniform = [b for b in st.keep if b.usage & wgpu.BufferUsage.UNIFORM] if type(st) is Dispatch else []

@@ -91,9 +91,8 @@ class Runtime:
         return self.map_finish(device, buf, size, self.map_start(buf, size), spin_s)
 
     def map_start(self, buf: Any, size: int, queue: Any = None) -> tuple[Any, Any]:
-        """Ask for `buf` to be mapped for reading: (its status cell, its future) for map_finish. Dawn maps once the
-        work submitted before this call has run, so a read started before the next run's submit does not wait for
-        that run; `queue`: more work will be submitted before the wait (Dawn: see there)."""
+        """Ask for `buf` to be mapped for reading: (its status cell, its future) for map_finish. `queue`: more work
+        will be submitted before the wait, which must not wait for it (Dawn: see there)."""
         lib, ffi = self.lib, self.ffi
         cell = ffi.new("int[1]")
         info = ffi.new("WGPUBufferMapCallbackInfo *")
